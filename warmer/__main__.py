@@ -1,0 +1,5 @@
+import sys
+
+from warmer.cli import main
+
+sys.exit(main())

@@ -1,0 +1,12 @@
+"""Triton's kernel cache. Its __grp__ files hold absolute paths, so it is not relocatable; Inductor
+re-emits the kernels it bundles into FX entries anyway (research/torch-inductor-triton-caches.md)."""
+
+from warmer.components.base import Component
+
+COMPONENT = Component(
+    name="triton",
+    subdir="triton",
+    env=(("TRITON_CACHE_DIR", "triton"),),
+    about="compiled Triton kernels (cubin, ptx, metadata) and autotune results",
+    relocatable=False,
+)
