@@ -69,6 +69,10 @@ def parse_log(text: str) -> dict:
 def serve_env(recipe: Recipe, root: Path) -> dict[str, str]:
     """What vLLM must start with, at build and at serve time alike: caches under root, recipe env."""
     env = components.cache_env(root)
+    # TMPDIR points under the root (for Inductor's precompiled headers), and vLLM's IPC sockets
+    # would follow it: under a long root their paths overflow the 107-byte limit of a Unix
+    # socket. VLLM_RPC_BASE_PATH moves them back and is outside vLLM's compile key.
+    env["VLLM_RPC_BASE_PATH"] = "/tmp"
     env.update(recipe.env)
     return env
 

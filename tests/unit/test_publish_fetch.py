@@ -85,6 +85,7 @@ def test_fetch_restores_verified_files_and_is_then_a_no_op(published, tmp_path):
     assert got["env"]["VLLM_CACHE_ROOT"] == str(node_root / "vllm")
     assert got["env"]["TMPDIR"] == str(node_root / "tmp") and (node_root / "tmp").is_dir()
     assert got["env"]["VLLM_USE_AOT_COMPILE"] == "0"
+    assert got["env"]["VLLM_RPC_BASE_PATH"] == "/tmp"  # short socket paths whatever the root
     # Restored under another root: the relocatable caches are fine, so no warning about them.
     assert not [w for w in got["warnings"] if "will rebuild" in w]
     again = fetch.fetch(published["recipe"], published["store"].url, node_root)
