@@ -78,7 +78,7 @@ def pack_body(root: Path, relpaths: Iterable[str], out: BinaryIO, level: int = 3
     Digests are computed from the very bytes that go into the archive, in the same pass.
     """
     entries = []
-    cctx = zstandard.ZstdCompressor(level=level, threads=-1)
+    cctx = zstandard.ZstdCompressor(level=level, threads=-1, write_checksum=True)
     with cctx.stream_writer(out, closefd=False) as w:
         for rel in relpaths:
             path = root / rel
@@ -105,7 +105,7 @@ def pack_body(root: Path, relpaths: Iterable[str], out: BinaryIO, level: int = 3
 def manifest_frame(manifest: bytes, level: int = 3) -> bytes:
     """The first frame: artifact.json as a tar member."""
     member = _member_header(MANIFEST_MEMBER, len(manifest), 0o644, 0) + manifest + _padding(len(manifest))
-    return zstandard.ZstdCompressor(level=level).compress(member)
+    return zstandard.ZstdCompressor(level=level, write_checksum=True).compress(member)
 
 
 def assemble(manifest: bytes, body: BinaryIO, out: BinaryIO) -> None:
@@ -159,18 +159,40 @@ class _HashingReader:
         return data
 
 
+class _LimitedReader:
+    """Caps the decompressed bytes, so that a hostile archive cannot inflate without end
+    (tar headers, pax records included, are read into memory before any check can see them)."""
+
+    def __init__(self, raw, limit: int):
+        self.raw = raw
+        self.limit = limit
+        self.bytes = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.bytes += len(data)
+        if self.bytes > self.limit:
+            raise ArchiveError(f"the archive inflates past {self.limit} bytes, more than its manifest "
+                               "declares: refused (decompression bomb or corrupt archive)")
+        return data
+
+
+MANIFEST_LIMIT = 256 << 20  # artifact.json of a million files stays far below this
+
+
 def _open_stream(raw: BinaryIO):
     hashing = _HashingReader(raw)
-    reader = zstandard.ZstdDecompressor().stream_reader(hashing, read_across_frames=True)
+    limited = _LimitedReader(zstandard.ZstdDecompressor().stream_reader(hashing, read_across_frames=True),
+                             MANIFEST_LIMIT)
     try:
-        return hashing, tarfile.open(fileobj=reader, mode="r|")
+        return hashing, limited, tarfile.open(fileobj=limited, mode="r|")
     except (tarfile.TarError, zstandard.ZstdError) as e:
         raise ArchiveError(f"not a tar.zst archive: {e}") from e
 
 
 def read_manifest(raw: BinaryIO) -> bytes:
     """artifact.json from the head of an archive, without reading the files after it."""
-    _, tf = _open_stream(raw)
+    _, _, tf = _open_stream(raw)
     try:
         member = tf.next()
     except (tarfile.TarError, zstandard.ZstdError) as e:
@@ -206,7 +228,7 @@ def extract(raw: BinaryIO, dest: Path, manifest_entries: Callable[[bytes], dict[
     it). Each file is written as it streams by, hashed, and compared with the manifest; a
     mismatch raises and leaves dest for the caller to discard.
     """
-    hashing, tf = _open_stream(raw)
+    hashing, limited, tf = _open_stream(raw)
     try:
         first = tf.next()
         if first is None or first.name != MANIFEST_MEMBER or not first.isreg():
@@ -217,12 +239,23 @@ def extract(raw: BinaryIO, dest: Path, manifest_entries: Callable[[bytes], dict[
         if total_expected > max_total_bytes:
             raise ArchiveError(f"the artifact unpacks to {total_expected} bytes, over the limit of "
                                f"{max_total_bytes}; raise --max-bytes if this is expected")
+        # Headers and padding take at most a few blocks per member beyond the files' bytes.
+        limited.limit = limited.bytes + total_expected + (len(expected) + 4) * 8 * BLOCK
+        unsafe = [e.path for e in expected.values() if e.mode & ~MODE_MASK]
+        if unsafe:
+            raise ArchiveError(f"{MANIFEST_MEMBER} gives {unsafe[0]!r} mode {expected[unsafe[0]].mode:o}: "
+                               "setuid, setgid, sticky and group/world-writable modes are refused")
         seen: set[str] = set()
         written = 0
         while (member := tf.next()) is not None:
             name = _safe_name(member.name)
             if not member.isreg():
-                raise ArchiveError(f"member {name!r}: only regular files are allowed (found type {member.type!r})")
+                kind = {tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink", tarfile.CHRTYPE: "character device",
+                        tarfile.BLKTYPE: "block device", tarfile.FIFOTYPE: "FIFO", tarfile.DIRTYPE: "directory"}
+                raise ArchiveError(f"member {name!r}: a {kind.get(member.type, f'type {member.type!r}')}; "
+                                   "only regular files are allowed")
+            if member.mode & 0o7000:
+                raise ArchiveError(f"member {name!r}: setuid/setgid/sticky mode {member.mode:o} refused")
             if name in seen:
                 raise ArchiveError(f"member {name!r}: appears twice")
             entry = expected.get(name)
@@ -248,7 +281,7 @@ def extract(raw: BinaryIO, dest: Path, manifest_entries: Callable[[bytes], dict[
         # Drain what follows the end-of-archive blocks, so the archive's digest covers every byte.
         while hashing.read(CHUNK):
             pass
-    except (tarfile.TarError, zstandard.ZstdError, EOFError) as e:
+    except (tarfile.TarError, zstandard.ZstdError, EOFError, UnicodeError) as e:
         raise ArchiveError(f"unreadable or truncated archive: {e}") from e
     missing = sorted(set(expected) - seen)
     if missing:

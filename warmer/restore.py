@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO, Callable, ContextManager
 
-from warmer import archive, artifact
+from warmer import archive, artifact, components
 
 MARKER = ".warmer-artifact.json"
 DEFAULT_MAX_BYTES = 256 << 30
@@ -104,6 +104,19 @@ def check_root(root: Path) -> Path:
     return root
 
 
+def _os_error(e: OSError, root: Path) -> RestoreError:
+    where = e.filename or root.parent
+    if e.errno == errno.ENOSPC:
+        fix = "free space on that filesystem or choose a root on a larger one"
+    elif e.errno in (errno.EACCES, errno.EPERM):
+        fix = f"run as a user who may write to {root.parent}, or choose a writable root"
+    elif e.errno == errno.EROFS:
+        fix = "the filesystem is read-only: choose a root on a writable volume"
+    else:
+        fix = "see the error above"
+    return RestoreError(f"not activated, {root} is unchanged: {e.strerror or e} ({where}): {fix}")
+
+
 def restore(doc: dict, open_archive: Callable[[], ContextManager[BinaryIO]], root: Path, *,
             archive_sha256: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
     """Activate the artifact described by doc in root; a no-op when it is already active.
@@ -115,50 +128,58 @@ def restore(doc: dict, open_archive: Callable[[], ContextManager[BinaryIO]], roo
     root = check_root(root)
     want = artifact_id(doc)
     t0 = time.perf_counter()
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(root):
-        _clean_leftovers(root)
-        marker = active(root)
-        if marker and marker.get("artifact_id") == want:
-            return {"status": "already-active", "root": str(root), "key": doc["key"],
-                    "seconds": round(time.perf_counter() - t0, 3)}
-        need = artifact.total_bytes(doc)
-        free = shutil.disk_usage(root.parent).free
-        if need > free:
-            raise RestoreError(f"the artifact unpacks to {need / 2**30:.2f} GiB but {root.parent} has "
-                               f"{free / 2**30:.2f} GiB free: free space or choose another root")
-        staging = root.parent / f".{root.name}.staging-{os.getpid()}"
-        staging.mkdir()
-        try:
-            def expected(manifest: bytes) -> dict:
-                if artifact_id(artifact.loads(manifest)) != want:
-                    raise archive.ArchiveError("the archive's artifact.json is not the one this restore "
-                                               "was asked for (the store's index and blob disagree)")
-                return artifact.entries(doc)
-
-            with open_archive() as stream:
-                got = archive.extract(stream, staging, expected, max_bytes)
-            if archive_sha256 and got.archive_sha256 != archive_sha256:
-                raise archive.ArchiveError(f"the archive hashes to {got.archive_sha256}, expected "
-                                           f"{archive_sha256}: corrupt or truncated download")
-            for sub in {c["subdir"] for c in doc["components"].values()}:
-                (staging / sub).mkdir(exist_ok=True)
-            (staging / MARKER).write_text(json.dumps({
-                "artifact_id": want, "key": doc["key"], "recipe": doc["recipe"]["name"],
-                "archive_sha256": got.archive_sha256,
-                "restored_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "artifact": doc}, indent=1))
-            _activate(staging, root)
-        except (archive.ArchiveError, artifact.ArtifactError) as e:
-            raise RestoreError(f"not activated, {root} is unchanged: {e}") from e
-        except OSError as e:
-            raise RestoreError(f"not activated, {root} is unchanged: {e.strerror or e} "
-                               f"({e.filename or root.parent})") from e
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    staging = root.parent / f".{root.name}.staging-{os.getpid()}"
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(root):
+            _clean_leftovers(root)
+            marker = active(root)
+            if marker and marker.get("artifact_id") == want:
+                return {"status": "already-active", "root": str(root), "key": doc["key"],
+                        "seconds": round(time.perf_counter() - t0, 3)}
+            need = artifact.total_bytes(doc)
+            free = shutil.disk_usage(root.parent).free
+            if need > free:
+                raise RestoreError(f"the artifact unpacks to {need / 2**30:.2f} GiB but {root.parent} has "
+                                   f"{free / 2**30:.2f} GiB free: free space or choose another root")
+            try:
+                staging.mkdir()
+                got = _extract(doc, want, open_archive, staging, archive_sha256, max_bytes)
+                _activate(staging, root)
+            finally:
+                # After a swap this holds the previous root; after a failure, the partial extraction.
+                shutil.rmtree(staging, ignore_errors=True)
+    except (archive.ArchiveError, artifact.ArtifactError) as e:
+        raise RestoreError(f"not activated, {root} is unchanged: {e}") from e
+    except OSError as e:
+        raise _os_error(e, root) from e
     return {"status": "restored", "root": str(root), "key": doc["key"], "files": got.files,
             "bytes": got.bytes, "archive_bytes": got.archive_bytes,
             "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _extract(doc: dict, want: str, open_archive, staging: Path, archive_sha256: str | None,
+             max_bytes: int) -> archive.Extracted:
+    """Unpack and check into staging, then add what the root needs besides the files."""
+    def expected(manifest: bytes) -> dict:
+        if artifact_id(artifact.loads(manifest)) != want:
+            raise archive.ArchiveError("the archive's artifact.json is not the one this restore "
+                                       "was asked for (the store's index and blob disagree)")
+        return artifact.entries(doc)
+
+    with open_archive() as stream:
+        got = archive.extract(stream, staging, expected, max_bytes)
+    if archive_sha256 and got.archive_sha256 != archive_sha256:
+        raise archive.ArchiveError(f"the archive hashes to {got.archive_sha256}, expected "
+                                   f"{archive_sha256}: corrupt or truncated download")
+    for c in components.ALL:  # e.g. TMPDIR must exist, or it is silently replaced by /tmp
+        (staging / c.subdir).mkdir(exist_ok=True)
+    (staging / MARKER).write_text(json.dumps({
+        "artifact_id": want, "key": doc["key"], "recipe": doc["recipe"]["name"],
+        "archive_sha256": got.archive_sha256,
+        "restored_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "artifact": doc}, indent=1))
+    return got
 
 
 def restore_file(path: Path, root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:

@@ -1,0 +1,293 @@
+"""A restore that cannot hurt a node: hostile archives, kill -9, concurrent restores, full disks,
+read-only and unwritable roots, mutated artifacts. After each, the root holds the previous
+complete cache or the new complete cache, never a mix, and nothing lands outside it."""
+
+import copy
+import io
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from tests.conftest import REPO, make_cache_tree, tiny_recipe
+from warmer import archive, artifact, build, restore
+from warmer.archive import FileEntry
+
+
+def _artifact(tmp_path: Path, name: str, extra: dict[str, bytes] | None = None) -> tuple[Path, dict]:
+    """A valid artifact of the fake cache tree (plus extra files), packed by warmer itself."""
+    src = tmp_path / f"src-{name}"
+    make_cache_tree(src)
+    for rel, data in (extra or {}).items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    out = tmp_path / f"{name}.tar.zst"
+    doc = build.pack_root(src, tiny_recipe(), out, timings={"build": {"name": name}})
+    return out, doc
+
+
+def assert_complete(root: Path) -> str:
+    """root holds exactly one artifact's files, each matching its manifest; returns its name."""
+    marker = restore.active(root)
+    assert marker, f"{root} has no active artifact"
+    entries = artifact.entries(marker["artifact"])
+    on_disk = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()} - {restore.MARKER}
+    assert on_disk == set(entries), on_disk ^ set(entries)
+    for rel, e in entries.items():
+        assert archive.sha256_file(root / rel) == e.sha256, rel
+    return marker["artifact"]["timings"]["build"]["name"]
+
+
+@pytest.fixture
+def previous(tmp_path):
+    """A root that already holds a complete cache (artifact A)."""
+    path, _ = _artifact(tmp_path, "A")
+    root = tmp_path / "node" / "root"
+    restore.restore_file(path, root)
+    return root
+
+
+def _hostile(tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], listed: list[FileEntry]) -> Path:
+    """An archive with a valid artifact.json listing `listed`, and a body made by hand."""
+    _, doc = _artifact(tmp_path, "base")
+    doc = copy.deepcopy(doc)
+    doc["files"] = [e.to_dict() for e in listed]
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for info, data in members:
+            tf.addfile(info, io.BytesIO(data) if data is not None else None)
+    path = tmp_path / "hostile.tar.zst"
+    path.write_bytes(archive.manifest_frame(artifact.dumps(doc)) + zstandard.ZstdCompressor().compress(raw.getvalue()))
+    return path
+
+
+def _reg(name: str, data: bytes = b"x", mode: int = 0o644) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), mode
+    return info, data
+
+
+def _special(name: str, kind: bytes, linkname: str = "") -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, linkname
+    return info, None
+
+
+def _entry(name: str, data: bytes = b"x", mode: int = 0o644) -> FileEntry:
+    return FileEntry(name, len(data), archive.hashlib.sha256(data).hexdigest(), mode, 0)
+
+
+HOSTILE = {
+    "absolute path": ([_reg("/tmp/warmer-escape-abs")], [_entry("/tmp/warmer-escape-abs")], "absolute"),
+    "dot-dot": ([_reg("inductor/../../escape-dotdot")], [_entry("inductor/../../escape-dotdot")], "'..'"),
+    "symlink out": ([_special("inductor/evil", tarfile.SYMTYPE, "/etc/passwd")], [_entry("inductor/evil", b"")],
+                    "symlink"),
+    "hardlink out": ([_special("inductor/hl", tarfile.LNKTYPE, "/etc/passwd")], [_entry("inductor/hl", b"")],
+                     "hardlink"),
+    "char device": ([_special("inductor/dev", tarfile.CHRTYPE)], [_entry("inductor/dev", b"")], "device"),
+    "fifo": ([_special("inductor/fifo", tarfile.FIFOTYPE)], [_entry("inductor/fifo", b"")], "FIFO"),
+    "setuid member": ([_reg("inductor/suid.so", b"x", 0o4755)], [_entry("inductor/suid.so", b"x", 0o755)], "setuid"),
+    "setuid in manifest": ([_reg("inductor/suid.so", b"x", 0o755)], [_entry("inductor/suid.so", b"x", 0o4755)],
+                           "setuid"),
+    "unlisted member": ([_reg("inductor/a.so"), _reg("inductor/extra.so")], [_entry("inductor/a.so")], "not listed"),
+    "size differs": ([_reg("inductor/a.so", b"xx")], [_entry("inductor/a.so", b"x")], "bytes"),
+    "digest differs": ([_reg("inductor/a.so", b"y")], [_entry("inductor/a.so", b"x")], "sha256 differs"),
+    "duplicate member": ([_reg("inductor/a.so"), _reg("inductor/a.so")], [_entry("inductor/a.so")], "twice"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_archives_are_refused_and_nothing_moves(tmp_path, previous, case):
+    members, listed, message = HOSTILE[case]
+    path = _hostile(tmp_path, members, listed)
+    before = assert_complete(previous)
+    with pytest.raises(restore.RestoreError, match=message):
+        restore.restore_file(path, previous)
+    assert assert_complete(previous) == before
+    assert not list(previous.parent.glob(".root.staging-*"))
+    assert not Path("/tmp/warmer-escape-abs").exists() and not (tmp_path / "escape-dotdot").exists()
+
+
+def test_decompression_bomb_is_refused(tmp_path, previous):
+    """20 MB of pax header squeezed into a few KB: refused before it is all inflated."""
+    info, data = _reg("inductor/a.so")
+    info.pax_headers = {"comment": "x" * (20 << 20)}
+    path = _hostile(tmp_path, [(info, data)], [_entry("inductor/a.so")])
+    assert path.stat().st_size < 1 << 20
+    with pytest.raises(restore.RestoreError, match="inflates past"):
+        restore.restore_file(path, previous)
+    assert_complete(previous)
+
+
+def test_size_limit_is_enforced(tmp_path, previous):
+    path, doc = _artifact(tmp_path, "B")
+    with pytest.raises(restore.RestoreError, match="over the limit"):
+        restore.restore_file(path, previous, max_bytes=artifact.total_bytes(doc) - 1)
+    assert assert_complete(previous) == "A"
+
+
+def test_mutated_artifacts_are_never_activated(tmp_path, previous):
+    path, _ = _artifact(tmp_path, "B")
+    data = path.read_bytes()
+    rng = random.Random(5)
+    bad = tmp_path / "mutated.tar.zst"
+    for trial in range(40):
+        mutated = bytearray(data)
+        if trial % 4 == 3:
+            mutated = mutated[: rng.randrange(1, len(data) - 1)]  # truncation
+        else:
+            pos = rng.randrange(len(data))
+            mutated[pos] ^= 1 << rng.randrange(8)  # one bit flip
+        bad.write_bytes(bytes(mutated))
+        with pytest.raises(restore.RestoreError):
+            restore.restore_file(bad, previous)
+        assert restore.active(previous)["artifact"]["timings"]["build"]["name"] == "A"
+    assert assert_complete(previous) == "A"
+
+
+RESTORE_SCRIPT = "import sys; from pathlib import Path; from warmer import restore; " \
+                 "restore.restore_file(Path(sys.argv[1]), Path(sys.argv[2]))"
+
+
+def test_kill_9_at_random_moments_leaves_a_complete_cache(tmp_path, previous):
+    # Big enough that extraction takes a while: random bytes do not compress.
+    a, _ = _artifact(tmp_path, "A2", {"inductor/big.so": os.urandom(24 << 20)})
+    b, _ = _artifact(tmp_path, "B2", {"inductor/big.so": os.urandom(24 << 20), "vllm/more.json": b"{}"})
+    cmd = [sys.executable, "-c", RESTORE_SCRIPT]
+    t0 = time.perf_counter()
+    subprocess.run(cmd + [str(a), str(previous)], check=True, cwd=REPO)
+    full = time.perf_counter() - t0
+    rng = random.Random(9)
+    interrupted = 0
+    for trial in range(20):
+        target = b if trial % 2 == 0 else a
+        proc = subprocess.Popen(cmd + [str(target), str(previous)], cwd=REPO)
+        time.sleep(rng.uniform(0, full * 1.2))  # fault injection at a random moment, not synchronisation
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        interrupted += bool(list(previous.parent.glob(".root.staging-*")))
+        assert assert_complete(previous) in ("A", "A2", "B2")
+    assert interrupted >= 1, "no kill landed during an extraction: the test proved nothing"
+    # The next restore cleans up after the crashes and succeeds.
+    restore.restore_file(b, previous)
+    assert assert_complete(previous) == "B2"
+    assert not list(previous.parent.glob(".root.staging-*"))
+
+
+def test_concurrent_restores_extract_once(tmp_path):
+    path, _ = _artifact(tmp_path, "B", {"inductor/big.so": os.urandom(8 << 20)})
+    root = tmp_path / "shared" / "root"
+    procs = [subprocess.Popen([sys.executable, "-m", "warmer", "restore", str(path), "--root", str(root), "--json"],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO) for _ in range(8)]
+    results = [json.loads(p.communicate()[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sorted(r["status"] for r in results) == ["already-active"] * 7 + ["restored"]
+    assert assert_complete(root) == "B"
+    t0 = time.perf_counter()
+    assert restore.restore_file(path, root)["status"] == "already-active"
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_write_failure_mid_extraction_keeps_the_previous_cache(tmp_path, previous):
+    """A real kernel-enforced write failure: RLIMIT_FSIZE makes the big file's write fail (EFBIG)."""
+    path, doc = _artifact(tmp_path, "B", {"inductor/big.so": os.urandom(2 << 20)})
+    script = ("import resource, signal, sys; from pathlib import Path; from warmer import restore\n"
+              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))\n"
+              "try:\n    restore.restore_file(Path(sys.argv[1]), Path(sys.argv[2]))\n"
+              "except restore.RestoreError as e:\n    print(e); sys.exit(7)\n")
+    out = subprocess.run([sys.executable, "-c", script, str(path), str(previous)], capture_output=True, text=True,
+                         cwd=REPO)
+    assert out.returncode == 7, out.stderr
+    assert "File too large" in out.stdout and "unchanged" in out.stdout
+    assert assert_complete(previous) == "A"
+    assert not list(previous.parent.glob(".root.staging-*"))
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real, small filesystem (tmpfs); skipped where this user may not mount one."""
+    mounted = []
+
+    def make(name: str, options: str) -> Path:
+        point = tmp_path / name
+        point.mkdir()
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True)
+        if res.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+        mounted.append(point)
+        return point
+
+    yield make
+    for point in reversed(mounted):
+        subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def test_full_disk_keeps_the_previous_cache(tmp_path, small_fs):
+    a, _ = _artifact(tmp_path, "A")
+    b, _ = _artifact(tmp_path, "B", {"inductor/big.so": os.urandom(3 << 20)})
+    # Too little room for B at all: refused before a byte is written, with the sizes.
+    fs = small_fs("small", "size=2m")
+    restore.restore_file(a, fs / "root")
+    with pytest.raises(restore.RestoreError, match="GiB free"):
+        restore.restore_file(b, fs / "root")
+    assert assert_complete(fs / "root") == "A"
+    # Room for the bytes but not for the files (inodes run out mid-extraction): ENOSPC.
+    probe = small_fs("probe", "size=64m")
+    restore.restore_file(a, probe / "root")
+    st = os.statvfs(probe)
+    used = st.f_files - st.f_ffree
+    tight = small_fs("tight", f"size=64m,nr_inodes={used + 4}")
+    restore.restore_file(a, tight / "root")
+    with pytest.raises(restore.RestoreError, match="No space left"):
+        restore.restore_file(b, tight / "root")
+    assert assert_complete(tight / "root") == "A"
+    assert not list(tight.glob(".root.staging-*"))
+
+
+def test_read_only_filesystem(tmp_path, small_fs):
+    a, _ = _artifact(tmp_path, "A")
+    b, _ = _artifact(tmp_path, "B")
+    fs = small_fs("ro", "size=16m")
+    restore.restore_file(a, fs / "root")
+    subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+    with pytest.raises(restore.RestoreError, match="read-only"):
+        restore.restore_file(b, fs / "root")
+    assert assert_complete(fs / "root") == "A"
+
+
+def test_missing_permissions(tmp_path):
+    """Restoring as a user who may not write beside the root: a clear error, nothing changed."""
+    a, _ = _artifact(tmp_path, "A")
+    b, _ = _artifact(tmp_path, "B")
+    base = Path(tempfile.mkdtemp(prefix="warmer-perm-"))  # pytest's tmp dirs are private to their owner
+    try:
+        base.chmod(0o755)
+        restore.restore_file(a, base / "root")
+        shutil.copy(b, base / "b.tar.zst")
+        (base / "b.tar.zst").chmod(0o644)
+        # Everything is imported first; then, if we are root (who ignores permissions), the
+        # process drops to nobody, who may not write in base.
+        script = ("import os, sys; from warmer import cli\n"
+                  "if os.geteuid() == 0:\n    os.setgid(65534); os.setuid(65534)\n"
+                  "sys.exit(cli.main(sys.argv[1:]))\n")
+        if os.geteuid() != 0:
+            base.chmod(0o555)
+        out = subprocess.run([sys.executable, "-c", script, "restore", str(base / "b.tar.zst"), "--root",
+                              str(base / "root")], capture_output=True, text=True, cwd=REPO)
+        assert out.returncode == 1, out.stderr
+        assert "Permission denied" in out.stderr and "unchanged" in out.stderr and "Traceback" not in out.stderr
+        assert assert_complete(base / "root") == "A"
+    finally:
+        base.chmod(0o755)
+        shutil.rmtree(base)
