@@ -16,7 +16,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from warmer import archive, artifact, compat, components, fingerprint, restore, verify, warmup
+from warmer import archive, artifact, compat, components, fingerprint, restore, signing, verify, warmup
 from warmer.recipe import Recipe
 from warmer.store import Store, open_store
 
@@ -63,15 +63,22 @@ def pack_root(root: Path, recipe: Recipe, out: Path, *, fp: dict | None = None, 
     return doc
 
 
-def publish(store: Store, path: Path) -> dict:
-    """Upload the blob (unless the store has it), then create the index entry if it is absent."""
+def publish(store: Store, path: Path, sign_key: str | None = None) -> dict:
+    """Upload the blob (unless the store has it), then create the index entry if it is absent.
+
+    With sign_key, artifact.json is signed; the signature goes into the index entry and beside
+    the file as FILE.sig."""
     with open(path, "rb") as f:
-        doc = artifact.loads(archive.read_manifest(f))
+        manifest = archive.read_manifest(f)
+    doc = artifact.loads(manifest)
+    signature = signing.sign(manifest, sign_key) if sign_key else None
+    if signature:
+        signing.write_sidecar(path, signature)
     digest = archive.sha256_file(path)
     size = path.stat().st_size
     uploaded = store.put_blob(str(path), digest)
     entry = {"schema": artifact.SCHEMA_VERSION, "recipe": doc["recipe"]["name"], "key": doc["key"],
-             "blob": {"sha256": digest, "size": size}, "artifact": doc,
+             "blob": {"sha256": digest, "size": size}, "artifact": doc, "signature": signature,
              "published_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     won = store.put_index(doc["recipe"]["name"], doc["key"], json.dumps(entry, indent=1).encode())
     result = {"status": "published" if won else "already-published", "store": store.url,
@@ -83,7 +90,8 @@ def publish(store: Store, path: Path) -> dict:
     return result
 
 
-def build(recipe: Recipe, store_url: str, root: Path, workdir: Path, *, allow_partial: bool = False) -> dict:
+def build(recipe: Recipe, store_url: str, root: Path, workdir: Path, *, allow_partial: bool = False,
+          sign_key: str | None = None) -> dict:
     root = restore.check_root(root)
     store = open_store(store_url)
     if root.exists() and any(root.iterdir()):
@@ -114,6 +122,6 @@ def build(recipe: Recipe, store_url: str, root: Path, workdir: Path, *, allow_pa
         raise BuildError(f"verify found {report['files']['recompiled_files']} recompiled file(s) and log "
                          f"events {report['log_recompiles']}: not publishing an artifact that does not "
                          f"hit (see {report['log']}); --allow-partial publishes it anyway", result)
-    result["publish"] = publish(store, out)
+    result["publish"] = publish(store, out, sign_key)
     result["status"] = result["publish"]["status"]
     return result

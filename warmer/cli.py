@@ -9,13 +9,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from warmer import __version__, archive, artifact, build, fetch, fingerprint, report, restore, verify, warmup
+from warmer import (__version__, archive, artifact, build, fetch, fingerprint, report, restore, signing, verify,
+                    warmup)
 from warmer.recipe import RecipeError, load
 from warmer.store import StoreError, open_store
 
 # Errors whose message is written for the user: print it, no traceback.
 USER_ERRORS = (RecipeError, StoreError, archive.ArchiveError, artifact.ArtifactError, restore.RestoreError,
-               warmup.WarmupError, build.BuildError, OSError)
+               warmup.WarmupError, build.BuildError, signing.SignatureError, OSError)
 
 EXIT_ERROR, EXIT_MISS, EXIT_NOT_HIT = 1, 3, 4
 
@@ -37,7 +38,8 @@ def cmd_fingerprint(args) -> int:
 def cmd_build(args) -> int:
     recipe = load(args.recipe)
     try:
-        result = build.build(recipe, args.store, Path(args.root), _workdir(args), allow_partial=args.allow_partial)
+        result = build.build(recipe, args.store, Path(args.root), _workdir(args), allow_partial=args.allow_partial,
+                             sign_key=args.sign_key)
     except build.BuildError as e:
         if e.report:
             _emit(args, e.report, report.build(e.report))
@@ -55,7 +57,7 @@ def cmd_pack(args) -> int:
 
 
 def cmd_publish(args) -> int:
-    result = build.publish(open_store(args.store), Path(args.file))
+    result = build.publish(open_store(args.store), Path(args.file), args.sign_key)
     _emit(args, result, report.pairs(result))
     return 0
 
@@ -69,7 +71,8 @@ def _write_env(env: dict, env_file: str | None, fmt: str, args) -> None:
 
 def cmd_fetch(args) -> int:
     recipe = load(args.recipe)
-    result = fetch.fetch(recipe, args.store, Path(args.root), max_bytes=args.max_bytes)
+    result = fetch.fetch(recipe, args.store, Path(args.root), max_bytes=args.max_bytes,
+                         trusted_keys=args.trusted_key or ())
     for w in result["warnings"]:
         print(f"warmer: warning: {w}", file=sys.stderr)
     print(report.fetch(result), file=sys.stderr)
@@ -82,7 +85,9 @@ def cmd_fetch(args) -> int:
 
 
 def cmd_restore(args) -> int:
-    result = restore.restore_file(Path(args.file), Path(args.root), max_bytes=args.max_bytes)
+    signature = json.loads(Path(args.signature).read_text()) if args.signature else None
+    result = restore.restore_file(Path(args.file), Path(args.root), max_bytes=args.max_bytes,
+                                  trusted_keys=args.trusted_key or (), signature=signature)
     if args.recipe:
         result["env"] = warmup.serve_env(load(args.recipe), Path(os.path.abspath(args.root)))
         _write_env(result["env"], args.env_file, args.env_format, args)
@@ -124,6 +129,14 @@ def parser() -> argparse.ArgumentParser:
         c.add_argument("--env-format", choices=("dotenv", "shell"), default="dotenv",
                        help="format of --env-file (default dotenv: KEY=VALUE)")
 
+    def sign_key(c):
+        c.add_argument("--sign-key", help="Ed25519 private key (PEM) to sign the artifact with")
+
+    def trust(c):
+        c.add_argument("--trusted-key", action="append", metavar="PUBKEY",
+                       help="Ed25519 public key (PEM); when given, only artifacts it signed are restored "
+                            "(repeat for several keys)")
+
     def limit(c):
         c.add_argument("--max-bytes", type=int, default=restore.DEFAULT_MAX_BYTES,
                        help="refuse artifacts that unpack to more than this (default 256 GiB)")
@@ -136,6 +149,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--root", required=True, help="empty directory: all caches live under it")
     c.add_argument("--workdir", help="logs and the artifact file (default: a new temporary directory)")
     c.add_argument("--allow-partial", action="store_true", help="publish even if verify sees recompiles")
+    sign_key(c)
 
     c = cmd("pack", cmd_pack, "pack a warmed root into an artifact file")
     c.add_argument("dir")
@@ -146,6 +160,7 @@ def parser() -> argparse.ArgumentParser:
     c = cmd("publish", cmd_publish, "publish an artifact file to a store")
     c.add_argument("file")
     c.add_argument("--store", required=True)
+    sign_key(c)
 
     c = cmd("fetch", cmd_fetch, "node bootstrap: fetch this node's artifact, restore it, print the env")
     c.add_argument("recipe")
@@ -154,6 +169,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--require", action="store_true", help=f"exit {EXIT_MISS} on a miss instead of 0")
     env_out(c)
     limit(c)
+    trust(c)
 
     c = cmd("restore", cmd_restore, "restore a local artifact file into a root")
     c.add_argument("file")
@@ -161,6 +177,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--recipe", help="also print (or --env-file) the env for serving this recipe")
     env_out(c)
     limit(c)
+    trust(c)
+    c.add_argument("--signature", help="signature file (default: FILE.sig when --trusted-key is given)")
 
     c = cmd("verify", cmd_verify, "start the engine on a root again and prove the cache is hit")
     c.add_argument("recipe")

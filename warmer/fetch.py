@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from warmer import artifact, compat, fingerprint, restore, warmup
+from warmer import artifact, compat, fingerprint, restore, signing, warmup
 from warmer.recipe import Recipe
 from warmer.store import Store, open_store
 
@@ -47,7 +47,8 @@ def nearest(store: Store, recipe: Recipe, node: dict) -> dict | None:
     return best
 
 
-def fetch(recipe: Recipe, store_url: str, root: Path, *, max_bytes: int = restore.DEFAULT_MAX_BYTES) -> dict:
+def fetch(recipe: Recipe, store_url: str, root: Path, *, max_bytes: int = restore.DEFAULT_MAX_BYTES,
+          trusted_keys=()) -> dict:
     root = restore.check_root(root)
     store = open_store(store_url)
     node = fingerprint.probe()
@@ -72,11 +73,17 @@ def fetch(recipe: Recipe, store_url: str, root: Path, *, max_bytes: int = restor
             report["warnings"] += contract_warnings(doc, root, recipe)
             blob = entry["blob"]["sha256"]
             try:
+                if trusted_keys:  # checked before a byte of the blob is downloaded
+                    report["signed_by"] = signing.check(artifact.dumps(doc), entry.get("signature"),
+                                                        list(trusted_keys))
                 result = restore.restore(doc, lambda: store.open_blob(blob), root,
                                          archive_sha256=blob, max_bytes=max_bytes)
                 report["status"] = "hit" if result["status"] == "restored" else result["status"]
                 report["restore"] = result
                 report["build_timings"] = doc["timings"]
+            except signing.SignatureError as e:
+                report["status"] = "untrusted"
+                report["warnings"].append(f"not activated: {e}")
             except restore.RestoreError as e:
                 report["status"] = "error"
                 report["warnings"].append(str(e))

@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO, Callable, ContextManager
 
-from warmer import archive, artifact, components
+from warmer import archive, artifact, components, signing
 
 MARKER = ".warmer-artifact.json"
 DEFAULT_MAX_BYTES = 256 << 30
@@ -182,15 +182,21 @@ def _extract(doc: dict, want: str, open_archive, staging: Path, archive_sha256: 
     return got
 
 
-def restore_file(path: Path, root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
-    """Restore from a local artifact file (image builds, air-gapped nodes)."""
+def restore_file(path: Path, root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, trusted_keys=(),
+                 signature: dict | None = None) -> dict:
+    """Restore from a local artifact file (image builds, air-gapped nodes).
+
+    With trusted_keys, the file must be signed by one of them (signature, or FILE.sig)."""
     try:
         with open(path, "rb") as f:
-            doc = artifact.loads(archive.read_manifest(f))
+            manifest = archive.read_manifest(f)
+        doc = artifact.loads(manifest)
+        if trusted_keys:
+            signing.check(manifest, signature or signing.read_sidecar(path), list(trusted_keys))
     except FileNotFoundError:
         raise RestoreError(f"artifact file {path} does not exist") from None
-    except (archive.ArchiveError, artifact.ArtifactError) as e:
-        raise RestoreError(f"{path}: {e}") from e
+    except (archive.ArchiveError, artifact.ArtifactError, signing.SignatureError) as e:
+        raise RestoreError(f"not activated: {path}: {e}") from e
     return restore(doc, lambda: open(path, "rb"), root, max_bytes=max_bytes)
 
 

@@ -1,0 +1,100 @@
+"""Signed artifacts: with a trusted key configured, unsigned or wrongly signed ones are refused."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from tests.conftest import REPO, make_cache_tree, tiny_recipe
+from warmer import build, fetch, restore, signing
+from warmer.store import open_store
+
+
+def _keypair(dir: Path, name: str) -> tuple[Path, Path]:
+    key = ed25519.Ed25519PrivateKey.generate()
+    private, public = dir / f"{name}.key", dir / f"{name}.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+@pytest.fixture
+def setup(tmp_path):
+    root = tmp_path / "src"
+    make_cache_tree(root)
+    art = tmp_path / "a.tar.zst"
+    build.pack_root(root, tiny_recipe(), art)
+    keys = {name: _keypair(tmp_path, name) for name in ("builder", "stranger")}
+    return {"artifact": art, "keys": keys, "store": f"file://{tmp_path / 'store'}", "tmp": tmp_path}
+
+
+def test_signed_artifact_is_accepted_by_its_key_only(setup):
+    private, public = setup["keys"]["builder"]
+    published = build.publish(open_store(setup["store"]), setup["artifact"], str(private))
+    assert Path(str(setup["artifact"]) + ".sig").exists()
+    node = setup["tmp"] / "node"
+    ok = fetch.fetch(tiny_recipe(), setup["store"], node, trusted_keys=[public])
+    assert ok["status"] == "hit" and ok["signed_by"] == json.loads(Path(str(setup["artifact"]) + ".sig").read_text())["key_id"]
+    other = setup["tmp"] / "other"
+    refused = fetch.fetch(tiny_recipe(), setup["store"], other, trusted_keys=[setup["keys"]["stranger"][1]])
+    assert refused["status"] == "untrusted" and "not among the trusted keys" in " ".join(refused["warnings"])
+    assert restore.active(other) is None
+    assert published["status"] == "published"
+
+
+def test_unsigned_artifact_is_refused_when_keys_are_configured(setup):
+    build.publish(open_store(setup["store"]), setup["artifact"])
+    node = setup["tmp"] / "node"
+    got = fetch.fetch(tiny_recipe(), setup["store"], node, trusted_keys=[setup["keys"]["builder"][1]])
+    assert got["status"] == "untrusted" and "unsigned" in " ".join(got["warnings"])
+    assert restore.active(node) is None
+    # Without trusted keys the same artifact is restored: signing is opt-in.
+    assert fetch.fetch(tiny_recipe(), setup["store"], node)["status"] == "hit"
+
+
+def test_a_tampered_index_entry_fails_its_signature(setup):
+    private, public = setup["keys"]["builder"]
+    store = open_store(setup["store"])
+    published = build.publish(store, setup["artifact"], str(private))
+    entry_path = Path(store.base) / "index" / "tiny" / f"{published['key']}.json"
+    entry = json.loads(entry_path.read_text())
+    entry["artifact"]["files"][0]["sha256"] = "0" * 64  # swap in other code for one file
+    entry_path.write_text(json.dumps(entry))
+    got = fetch.fetch(tiny_recipe(), setup["store"], setup["tmp"] / "node", trusted_keys=[public])
+    assert got["status"] == "untrusted" and "does not match" in " ".join(got["warnings"])
+
+
+def test_restore_of_a_local_file_checks_its_sidecar(setup):
+    private, public = setup["keys"]["builder"]
+    art = setup["artifact"]
+    base = [sys.executable, "-m", "warmer", "restore", str(art), "--trusted-key", str(public), "--root"]
+    unsigned = subprocess.run(base + [str(setup["tmp"] / "r1")], capture_output=True, text=True, cwd=REPO)
+    assert unsigned.returncode == 1 and "unsigned" in unsigned.stderr
+    signing.write_sidecar(art, signing.sign(restore.archive.read_manifest(open(art, "rb")), private))
+    signed = subprocess.run(base + [str(setup["tmp"] / "r2")], capture_output=True, text=True, cwd=REPO)
+    assert signed.returncode == 0, signed.stderr
+    wrong = subprocess.run(base[:-3] + ["--trusted-key", str(setup["keys"]["stranger"][1]), "--root",
+                                        str(setup["tmp"] / "r3")], capture_output=True, text=True, cwd=REPO)
+    assert wrong.returncode == 1 and "not among the trusted keys" in wrong.stderr
+    assert not (setup["tmp"] / "r1").exists() and not (setup["tmp"] / "r3").exists()
+
+
+@pytest.mark.skipif(not shutil.which("openssl"), reason="openssl is not installed")
+def test_keys_made_with_openssl_work(setup):
+    key, pub = setup["tmp"] / "ossl.key", setup["tmp"] / "ossl.pub"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True)
+    subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)], check=True)
+    manifest = b'{"files": []}'
+    sig = signing.sign(manifest, key)
+    assert signing.check(manifest, sig, [pub]) == sig["key_id"]
+    with pytest.raises(signing.SignatureError, match="does not match"):
+        signing.check(manifest + b" ", sig, [pub])
+    with pytest.raises(signing.SignatureError, match="not an unencrypted PEM"):
+        signing.check(manifest, sig, [setup["artifact"]])
