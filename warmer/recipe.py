@@ -17,6 +17,8 @@ from pathlib import Path
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# In vLLM's compile key (SchedulerConfig.compute_hash), with defaults that depend on the entry point.
+SCHEDULER_ARGS = ("max_num_batched_tokens", "max_num_seqs")
 SAMPLING_KEYS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                  "presence_penalty", "frequency_penalty"}
 
@@ -61,6 +63,13 @@ class Recipe:
 
     def summary(self) -> dict:
         return {"name": self.name, "digest": self.digest(), "identity": self.identity()}
+
+    def warnings(self) -> list[str]:
+        """Engine args left to defaults that differ between the warm-up and `vllm serve`."""
+        return [f"{self.source}: engine.{arg} is not set: vLLM's LLM() (the warm-up) and `vllm serve` "
+                f"default it differently (max_num_batched_tokens 16384 vs 8192 on H100/H200, 8192 vs 2048 on "
+                f"smaller GPUs) and vLLM hashes it into its compile key: pin it, and serve with the same value"
+                for arg in SCHEDULER_ARGS if arg not in self.engine]
 
 
 def _expand(value: str, where: str) -> str:

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from warmer import components, warmup
+from warmer.components import flashinfer
 from warmer.recipe import Recipe
 
 
@@ -51,18 +52,21 @@ def _ratio(cold: dict, warm: dict, name: str) -> float | None:
 
 def verify(recipe: Recipe, root: Path, workdir: Path, cold: dict | None = None, label: str = "verify") -> dict:
     """Run the engine on root once more and judge the hit; cold: the build's timings, if known."""
+    # Before the engine starts: afterwards ninja would have rebuilt what it found dirty.
+    ninja = flashinfer.dry_run(root, {**os.environ, **warmup.serve_env(recipe, root)})
     before = snapshot(root)
     run = warmup.run_engine(recipe, root, workdir, label)
     files = delta(before, snapshot(root))
     events = run.log["events"]
     recompiles = {e: events[e] for e in warmup.RECOMPILE_EVENTS if events.get(e)}
-    hit = files["recompiled_files"] == 0 and not recompiles
+    hit = files["recompiled_files"] == 0 and not recompiles and ninja["clean"] is not False
     restored = warmup.timings(run)
     cold = cold or {}
     return {
         "verdict": "hit" if hit else "partial",
         "files": files,
         "log_recompiles": recompiles,
+        "flashinfer_dry_run": ninja,
         "log_events": events,
         "restored": restored,
         "cold": cold,

@@ -40,8 +40,22 @@ def warmer(*args, model=None, check=True):
     return out
 
 
+def verified(root, tmp_path, tiny_model, built):
+    out = warmer("verify", TINY, "--root", root, "--workdir", tmp_path / "work", "--json",
+                 model=tiny_model, check=False)
+    checked = json.loads(out.stdout)
+    assert out.returncode == 0, checked
+    assert checked["verdict"] == "hit"
+    assert checked["files"]["recompiled_files"] == 0
+    assert checked["log_recompiles"] == {}
+    # The cold side of the comparison comes from the artifact: measured at build.
+    assert checked["cold"]["init_engine_s"] == built["cold"]["init_engine_s"]
+    assert checked["restored"]["init_engine_s"] > 0
+    return checked
+
+
 @requires_vllm
-def test_build_fetch_verify_with_zero_recompiled_files(tmp_path, tiny_model):
+def test_build_fetch_verify_with_zero_recompiled_files(tmp_path, tiny_model, s3_url):
     store = f"file://{tmp_path / 'store'}"
     built = json.loads(warmer("build", TINY, "--store", store, "--root", tmp_path / "build-root",
                               "--workdir", tmp_path / "work", "--json", model=tiny_model).stdout)
@@ -64,16 +78,18 @@ def test_build_fetch_verify_with_zero_recompiled_files(tmp_path, tiny_model):
     env = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(node_root / "inductor")
 
-    out = warmer("verify", TINY, "--root", node_root, "--workdir", tmp_path / "work", "--json",
-                 model=tiny_model, check=False)
-    checked = json.loads(out.stdout)
-    assert out.returncode == 0, checked
-    assert checked["verdict"] == "hit"
-    assert checked["files"]["recompiled_files"] == 0
-    assert checked["log_recompiles"] == {}
-    # The cold side of the comparison comes from the artifact: measured at build.
-    assert checked["cold"]["init_engine_s"] == built["cold"]["init_engine_s"]
-    assert checked["restored"]["init_engine_s"] > 0
+    verified(node_root, tmp_path, tiny_model, built)
+
+    # The same artifact through S3 (moto's server on loopback, unmodified boto3): publish, fetch
+    # into a third root, and start warm from it too.
+    published = json.loads(warmer("publish", built["artifact"], "--store", s3_url, "--json",
+                                  model=tiny_model).stdout)
+    assert published["status"] == "published" and published["blob"] == built["publish"]["blob"]
+    s3_root = tmp_path / "s3-node-root"
+    from_s3 = json.loads(warmer("fetch", TINY, "--store", s3_url, "--root", s3_root, "--require", "--json",
+                                model=tiny_model).stdout)
+    assert from_s3["status"] == "hit" and from_s3["key"] == fetched["key"]
+    verified(s3_root, tmp_path, tiny_model, built)
 
 
 @requires_vllm

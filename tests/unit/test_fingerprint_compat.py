@@ -1,73 +1,190 @@
+"""The probe on this machine, the key, volatile recipe env, and `warmer explain` over a file store.
+
+The GPU and CPU matrix of other machines is in test_fixture_matrix.py.
+"""
+
 import copy
 import json
 import subprocess
 import sys
 
-from tests.conftest import tiny_recipe
-from warmer import compat, fingerprint
+import pytest
 
-SMI_H200 = "NVIDIA H200, 9.0, 143771, 570.124.06\nNVIDIA H200, 9.0, 143771, 570.124.06\n"
-SMI_HEADER = "| NVIDIA-SMI 570.124.06   Driver Version: 570.124.06   CUDA Version: 12.8 |"
+from tests.conftest import make_cache_tree, tiny_recipe
+from tests.fixtures import nodes
+from warmer import build, compat, explain, fetch, fingerprint
+from warmer.store import open_store
+
+RECIPE_TOML = """
+name = "tiny"
+[model]
+path = "/models/tiny"
+[engine]
+max_model_len = {max_model_len}
+[env]
+VLLM_USE_AOT_COMPILE = "0"
+[workload]
+prompt_lengths = [8]
+batch_sizes = [1]
+max_tokens = 4
+"""
+
+
+def _warmer(*args):
+    return subprocess.run([sys.executable, "-m", "warmer", *map(str, args)], capture_output=True, text=True)
 
 
 def test_probe_describes_this_machine():
-    fp = fingerprint.probe()
-    assert fp["machine"] and fp["python"].count(".") == 2
-    assert fp["cpu"]["threads"] >= 1
+    fp = fingerprint.probe(root="/srv/warm", model="/models/tiny")
+    assert fp["machine"] and fp["os"] == "Linux" and fp["python"].count(".") == 2
+    assert fp["glibc"] and fp["glibc"][0].isdigit()
+    assert fp["cpu"]["threads"] >= 1 and fp["cpu"]["logical"] >= fp["cpu"]["threads"] and fp["cpu"]["isa"]
     assert fp["paths"]["python_prefix"] == sys.prefix
-    assert "torch" in fp["packages"]  # the test environment has the CPU extra
+    assert (fp["paths"]["cache_root"], fp["paths"]["model"]) == ("/srv/warm", "/models/tiny")
+    assert fp["packages"]["torch"].endswith("+cpu") and fp["torch_cuda"] is None  # the CPU test environment
+    assert fp["gpu"]["count"] == 0 and fp["gpu"]["notes"]  # says why no GPU was found
+    assert not compat.problems(fp)
     json.dumps(fp)
 
 
 def test_node_path_imports_neither_torch_nor_vllm():
-    code = ("import sys, warmer.cli, warmer.fetch, warmer.restore; from warmer import fingerprint; "
-            "fingerprint.probe(); print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))")
+    code = ("import sys, warmer.cli, warmer.fetch, warmer.restore, warmer.explain; from warmer import fingerprint; "
+            "fingerprint.probe(); print(sorted(m for m in ('torch', 'vllm', 'transformers', 'flashinfer') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
-def test_nvidia_smi_fallback_parses():
-    gpu = fingerprint.parse_nvidia_smi(SMI_H200, SMI_HEADER)
-    assert [d["name"] for d in gpu["gpus"]] == ["NVIDIA H200"] * 2
-    assert gpu["gpus"][0]["compute_capability"] == "9.0"
-    assert gpu["driver"] == "570.124.06" and gpu["cuda_driver"] == "12.8"
-
-
-def _gpu_node(name="NVIDIA H200", cc="9.0", driver="570.124.06"):
-    fp = fingerprint.probe()
-    fp["gpu"] = {"count": 1, "devices": [{"name": name, "compute_capability": cc, "memory_mib": 143771}],
-                 "driver": driver, "cuda_driver": "12.8", "source": "nvml"}
-    return fp
+def test_torch_cuda_is_read_from_torch_version_py(tmp_path, monkeypatch):
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('never imported')\n")
+    (tmp_path / "torch" / "version.py").write_text("__version__ = '2.10.0+cu129'\ncuda: Optional[str] = '12.9'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # found on the path, not among imported modules
+    assert fingerprint._torch_cuda() == "12.9"
 
 
 def test_key_is_stable_and_follows_hard_fields():
     r = tiny_recipe().identity()
-    h200 = _gpu_node()
+    h200 = nodes.gpu_node("h200")
     assert compat.key(h200, r) == compat.key(copy.deepcopy(h200), r)
-    assert compat.key(_gpu_node("NVIDIA H100 80GB HBM3"), r) != compat.key(h200, r)
+    assert compat.key(nodes.gpu_node("h100-sxm"), r) != compat.key(h200, r)
     assert compat.key(h200, tiny_recipe(max_num_seqs=2).identity()) != compat.key(h200, r)
-    # A newer driver is not a different artifact: it is a ranged field.
-    assert compat.key(_gpu_node(driver="580.1"), r) == compat.key(h200, r)
+    for field, value in (("python", "3.12.12"), ("torch_cuda", "12.8")):
+        assert compat.key({**h200, field: value}, r) != compat.key(h200, r), field
+    other_torch = copy.deepcopy(h200)
+    other_torch["packages"]["torch"] = "2.10.1+cu129"
+    assert compat.key(other_torch, r) != compat.key(h200, r)
+    # Recorded, never decisive: the paths of this run and the GPU's memory.
+    moved = copy.deepcopy(h200)
+    moved["paths"]["cache_root"], moved["gpu"]["memory_mib"] = "/elsewhere", 1
+    assert compat.key(moved, r) == compat.key(h200, r) and compat.fits(compat.check(h200, moved))
 
 
-def test_cpu_isa_and_threads_are_hard_on_cpu_hosts():
-    r = tiny_recipe().identity()
-    node = fingerprint.probe()
-    node["gpu"]["devices"] = []
-    avx2 = copy.deepcopy(node)
-    avx2["cpu"]["isa"] = ["avx", "avx2", "fma"]
-    assert compat.key(avx2, r) != compat.key(node, r)
-    more = copy.deepcopy(node)
-    more["cpu"]["threads"] = node["cpu"]["threads"] + 14
-    assert compat.key(more, r) != compat.key(node, r)
-    failed = {d.field for d in compat.check(node, avx2) if not d.ok}
-    assert failed == {"cpu.isa"}
+def test_every_rule_says_why():
+    node = nodes.gpu_node("h200")
+    decisions = compat.check(node, node)
+    assert compat.fits(decisions)
+    assert all(d.why for d in decisions)
+    kinds = {d.field: d.rule for d in decisions}
+    assert kinds["gpu.name"] == compat.HARD and kinds["cpu.threads"] == compat.ADVISORY  # a GPU node
+    assert kinds["gpu.driver"] == compat.RANGED and kinds["cpu.model"] == compat.ADVISORY
+    assert kinds["packages.flashinfer-python"] == kinds["nvcc"] == compat.HARD  # FlashInfer JIT-builds on GPUs
+    cpu = nodes.cpu_node("amd-genoa")
+    assert {d.field: d.rule for d in compat.check(cpu, cpu)}["nvcc"] == compat.ADVISORY
 
 
-def test_driver_range():
-    built = _gpu_node(driver="570.124.06")
-    assert compat.fits(compat.check(built, _gpu_node(driver="575.51.03")))
-    older = compat.check(built, _gpu_node(driver="550.54.15"))
-    assert not compat.fits(older)
-    bad = [d for d in older if not d.ok]
-    assert [d.field for d in bad] == ["gpu.driver"] and "older" in bad[0].reason
+def test_volatile_recipe_env_stays_out_of_the_key_and_warns():
+    plain = tiny_recipe()
+    pod = tiny_recipe()
+    pod.env.update({"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.3.17", "MY_SETTING": "fd00::1:2:3",
+                    "VLLM_LOOPBACK_IP": "127.0.0.1"})
+    other_pod = tiny_recipe()
+    other_pod.env.update({"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.9.4", "MY_SETTING": "fd00::9:9:9",
+                          "VLLM_LOOPBACK_IP": "127.0.0.1"})
+    node = nodes.cpu_node("amd-genoa")
+    assert compat.key(node, pod.identity()) == compat.key(node, other_pod.identity())
+    assert compat.key(node, pod.identity()) != compat.key(node, plain.identity())  # the loopback IP is kept
+    warnings = compat.volatile_warnings(pod.env)
+    assert len(warnings) == 2
+    assert any("VLLM_NIXL_SIDE_CHANNEL_HOST" in w and "ai-dynamo/dynamo#10695" in w for w in warnings)
+    assert not compat.volatile_warnings(plain.env)
+
+
+@pytest.fixture
+def store_of_four(tmp_path):
+    """Four artifacts of the tiny recipe: one built here, one for an AVX2 host, one for an H200 node,
+    one from another version of the recipe."""
+    root = tmp_path / "build-root"
+    make_cache_tree(root)
+    store = open_store(f"file://{tmp_path / 'store'}")
+    here = fingerprint.probe(root=root, model="/models/tiny")
+    avx2 = copy.deepcopy(here)
+    avx2["cpu"]["isa"] = nodes.cpu_section("intel-broadwell")["isa"]
+    h200 = nodes.gpu_node("h200")
+    built = {}
+    for name, fp, recipe in (("here", here, tiny_recipe()), ("avx2", avx2, tiny_recipe()),
+                             ("h200", h200, tiny_recipe()), ("older", here, tiny_recipe(max_num_seqs=2))):
+        art = tmp_path / f"{name}.tar.zst"
+        built[name] = build.pack_root(root, recipe, art, fp=fp)["key"]
+        build.publish(store, art)
+    return store, built
+
+
+def test_explain_ranks_every_artifact_and_gives_a_reason_per_rejected_field(store_of_four):
+    store, built = store_of_four
+    node = fingerprint.probe(model="/models/tiny")
+    result = explain.explain(store, tiny_recipe(), node)
+    keys = [c["key"] for c in result["candidates"]]
+    assert (result["accepted"], result["rejected"]) == (1, 3)
+    assert keys[0] == built["here"] == result["node_key"] and result["candidates"][0]["exact"]
+    # Nearest first: one hard field (the ISA, or the recipe's max_num_seqs) before an H200 node.
+    assert set(keys[1:3]) == {built["avx2"], built["older"]} and keys[3] == built["h200"]
+    for c in result["candidates"][1:]:
+        bad = [d for d in c["decisions"] if not d["ok"]]
+        assert bad and all(d["reason"] and d["why"] and d["reason"] != "same" for d in bad)
+    by_key = {c["key"]: c for c in result["candidates"]}
+    assert by_key[built["avx2"]]["failed"]["hard"] == ["cpu.isa"]
+    assert by_key[built["older"]]["failed"]["hard"] == ["recipe.engine.max_num_seqs"]
+    assert {"gpu.name", "gpu.compute_capability", "machine"} & set(by_key[built["h200"]]["failed"]["hard"])
+    isa = next(d for d in by_key[built["avx2"]]["decisions"] if d["field"] == "cpu.isa")
+    assert isa["reason"].startswith("only on this node: ") and "avx512f" in isa["reason"]
+
+
+def test_cli_explain_in_words_and_json(store_of_four, tmp_path):
+    store, built = store_of_four
+    recipe = tmp_path / "tiny.toml"
+    recipe.write_text(RECIPE_TOML.format(max_model_len=128))
+    words = _warmer("explain", recipe, "--store", store.url)
+    assert words.returncode == 0, words.stderr
+    assert "1 accepted, 3 rejected" in words.stdout
+    assert [ln.split()[0] for ln in words.stdout.splitlines() if ln.startswith(("ACCEPTED", "rejected"))] == \
+        ["ACCEPTED", "rejected", "rejected", "rejected"]
+    assert "cpu.isa [hard]: only on this node" in words.stdout and "why: Inductor's CPU cache" in words.stdout
+    doc = json.loads(_warmer("explain", recipe, "--store", store.url, "--json").stdout)
+    assert doc["candidates"][0]["key"] == built["here"] and doc["candidates"][0]["accepted"]
+
+
+def test_fetch_miss_names_the_nearest_artifacts_differences(store_of_four, tmp_path, monkeypatch):
+    store, built = store_of_four
+    milan = fingerprint.probe()
+    milan["cpu"]["isa"] = nodes.cpu_section("amd-milan")["isa"]  # AVX2, like neither artifact
+    monkeypatch.setattr(fingerprint, "probe", lambda **kw: copy.deepcopy(milan))
+    got = fetch.fetch(tiny_recipe(), store.url, tmp_path / "node")
+    assert got["status"] == "miss" and got["nearest"]["key"] in (built["here"], built["avx2"])
+    [difference] = got["nearest"]["differences"]
+    assert difference.startswith("cpu.isa: ") and "on this node: " in difference
+    assert not [p for p in (tmp_path / "node").rglob("*") if p.is_file()]  # nothing restored
+
+
+def test_fetch_on_a_node_with_mixed_gpus_looks_nothing_up(store_of_four, tmp_path, monkeypatch):
+    store, _ = store_of_four
+    fx = nodes.gpu_fixture("mixed-h100-l40s")
+    mixed = {**nodes.gpu_node("h100-pcie"),
+             "gpu": fingerprint.gpu_section(fingerprint.read_nvml(nodes.FakeNVML(fx["nvml"])), "12.9", None, [])}
+    monkeypatch.setattr(fingerprint, "probe", lambda **kw: mixed)
+    got = fetch.fetch(tiny_recipe(), store.url, tmp_path / "node")
+    assert got["status"] == "miss" and "nearest" not in got
+    assert any("GPUs differ from each other" in w for w in got["warnings"])
+    with pytest.raises(build.BuildError, match="GPUs differ"):
+        build.pack_root(tmp_path / "node", tiny_recipe(), tmp_path / "x.tar.zst", fp=mixed)

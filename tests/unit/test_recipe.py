@@ -64,3 +64,13 @@ def test_missing_and_malformed_files(tmp_path):
     bad.write_text("name = ")
     with pytest.raises(RecipeError, match="not valid TOML"):
         load(bad)
+
+
+def test_unpinned_scheduler_args_are_warned_about(monkeypatch):
+    monkeypatch.setenv("WARMER_TINY_MODEL", "/models/tiny")
+    for path in sorted((REPO / "manifests" / "models").glob("*.toml")):
+        assert load(path).warnings() == [], path  # every shipped recipe pins them
+    loose = tiny_recipe()  # sets max_model_len only
+    warned = loose.warnings()
+    assert len(warned) == 2 and "max_num_batched_tokens" in warned[0] and "vllm serve" in warned[0]
+    assert tiny_recipe(max_num_batched_tokens=64, max_num_seqs=2).warnings() == []

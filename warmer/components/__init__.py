@@ -12,7 +12,7 @@ from warmer.components.base import Component
 from warmer.components import cuda, flashinfer, inductor, triton, vllm
 
 ALL: tuple[Component, ...] = (vllm.COMPONENT, inductor.COMPONENT, inductor.HEADERS, triton.COMPONENT,
-                              flashinfer.COMPONENT, cuda.COMPONENT)
+                              flashinfer.COMPONENT, flashinfer.B12X, cuda.COMPONENT)
 
 
 def cache_env(root: Path) -> dict[str, str]:

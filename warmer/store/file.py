@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import os
-import re
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
 
-from warmer.store import StoreError
-
-HEX64 = re.compile(r"^[0-9a-f]{64}$")
-NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
-
-
-def _check(sha256: str) -> str:
-    if not HEX64.match(sha256):
-        raise StoreError(f"{sha256!r} is not a sha256 hex digest")
-    return sha256
+from warmer.store import (Blob, BlobMissing, StoreError, blob_path, index_path, parse_blob_path,
+                          parse_index_path)
 
 
 class FileStore:
@@ -28,12 +20,10 @@ class FileStore:
         self.url = "file://" + path
 
     def _blob(self, sha256: str) -> Path:
-        return self.base / "blobs" / "sha256" / sha256[:2] / f"{_check(sha256)}.tar.zst"
+        return self.base / blob_path(sha256)
 
     def _index(self, recipe: str, key: str) -> Path:
-        if not NAME.match(recipe) or not HEX64.match(key):
-            raise StoreError(f"bad index name {recipe!r}/{key!r}")
-        return self.base / "index" / recipe / f"{key}.json"
+        return self.base / index_path(recipe, key)
 
     def _create_once(self, target: Path, write) -> bool:
         """Write to a temporary file beside target, then link it in: fails if target exists."""
@@ -66,12 +56,13 @@ class FileStore:
                     out.write(chunk)
         return self._create_once(self._blob(sha256), copy)
 
-    def open_blob(self, sha256: str) -> BinaryIO:
+    def open_blob(self, sha256: str, spool_dir: str | os.PathLike | None = None) -> BinaryIO:
+        # A local file needs no spool: restore reads it in place and checks its digest.
         try:
             return open(self._blob(sha256), "rb")
         except FileNotFoundError:
-            raise StoreError(f"blob {sha256} is missing from {self.url}: the store is damaged; "
-                             "publish the artifact again") from None
+            raise BlobMissing(f"blob {sha256} is missing from {self.url}: the store is damaged; "
+                              "publish the artifact again") from None
 
     def put_index(self, recipe: str, key: str, entry: bytes) -> bool:
         return self._create_once(self._index(recipe, key), lambda f: f.write(entry))
@@ -85,4 +76,20 @@ class FileStore:
     def list_index(self, recipe: str | None = None) -> list[tuple[str, str]]:
         base = self.base / "index"
         dirs = [base / recipe] if recipe else sorted(p for p in base.glob("*") if p.is_dir())
-        return [(d.name, f.stem) for d in dirs for f in sorted(d.glob("*.json"))]
+        found = (parse_index_path(f"index/{d.name}/{f.name}") for d in dirs for f in sorted(d.glob("*.json")))
+        return [rk for rk in found if rk]
+
+    def list_blobs(self) -> list[Blob]:
+        out = []
+        for f in sorted((self.base / "blobs" / "sha256").glob("*/*.tar.zst")):
+            sha = parse_blob_path(f.relative_to(self.base).as_posix())
+            if sha:
+                st = f.stat()
+                out.append(Blob(sha, st.st_size, datetime.fromtimestamp(st.st_mtime, timezone.utc)))
+        return out
+
+    def delete_index(self, recipe: str, key: str) -> None:
+        self._index(recipe, key).unlink(missing_ok=True)
+
+    def delete_blob(self, sha256: str) -> None:
+        self._blob(sha256).unlink(missing_ok=True)

@@ -1,0 +1,150 @@
+"""ls and gc on both stores: what is kept, what is deleted, and that a used blob never goes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from warmer import catalog
+from warmer.store import StoreError, open_store
+
+NOW = datetime.now(timezone.utc).replace(microsecond=0)
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request, tmp_path):
+    if request.param == "file":
+        return open_store(f"file://{tmp_path / 'store'}")
+    return open_store(request.getfixturevalue("s3_url"))
+
+
+def put_blob(store, tmp_path) -> tuple[str, int]:
+    data = os.urandom(2000)
+    path = tmp_path / "blob.bin"
+    path.write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    store.put_blob(str(path), sha)
+    return sha, len(data)
+
+
+def publish(store, tmp_path, recipe: str, gpu: str | None, days_ago: float, blob=None) -> dict:
+    """An index entry as publish writes it, published days_ago, for a node with this GPU."""
+    sha, size = blob or put_blob(store, tmp_path)
+    key = hashlib.sha256(f"{recipe}{gpu}{days_ago}{sha}".encode()).hexdigest()
+    devices = [{"name": gpu, "compute_capability": "9.0"}] if gpu else []
+    entry = {"schema": 1, "recipe": recipe, "key": key, "blob": {"sha256": sha, "size": size},
+             "artifact": {"schema": 1, "warmer": "0.1.0", "key": key, "recipe": {"name": recipe},
+                          "fingerprint": {"machine": "x86_64", "gpu": {"count": len(devices), "devices": devices}},
+                          "path_contract": {}, "components": {}, "files": [{"path": "vllm/a", "size": 10}],
+                          "timings": {}, "created_at": NOW.isoformat()},
+             "signature": None, "published_at": (NOW - timedelta(days=days_ago)).isoformat()}
+    assert store.put_index(recipe, key, json.dumps(entry).encode())
+    return entry
+
+
+def state(store):
+    return sorted(store.list_index()), sorted(b.sha256 for b in store.list_blobs())
+
+
+@pytest.fixture
+def fleet(store, tmp_path):
+    """tiny on H200 (four builds) and on H100 (one old build); other on CPUs (three builds)."""
+    e = {f"h200-{d}": publish(store, tmp_path, "tiny", "NVIDIA H200", d) for d in (10, 5, 1, 0)}
+    e["h100-30"] = publish(store, tmp_path, "tiny", "NVIDIA H100 80GB HBM3", 30)
+    e |= {f"cpu-{d}": publish(store, tmp_path, "other", None, d) for d in (20, 19, 18)}
+    return e
+
+
+def test_ls_lists_every_artifact_newest_first(store, fleet):
+    rows = catalog.ls(store)
+    assert len(rows) == 8
+    assert [(r["recipe"], r["machine"], r["published_at"][:10]) for r in rows][:3] == [
+        ("other", "x86_64/cpu", (NOW - timedelta(days=18)).isoformat()[:10]),
+        ("other", "x86_64/cpu", (NOW - timedelta(days=19)).isoformat()[:10]),
+        ("other", "x86_64/cpu", (NOW - timedelta(days=20)).isoformat()[:10])]
+    assert {r["key"] for r in catalog.ls(store, "tiny")} == {e["key"] for n, e in fleet.items() if "cpu" not in n}
+    text = catalog.render_ls(store, rows)
+    assert fleet["h100-30"]["key"][:16] in text and "x86_64/NVIDIA H100 80GB HBM3" in text
+
+
+def test_gc_keeps_the_newest_n_per_recipe_and_machine_kind(store, fleet):
+    before = state(store)
+    plan = catalog.gc(store, 2, dry_run=True)
+    assert state(store) == before  # a dry run deletes nothing
+    doomed = {fleet[n]["key"] for n in ("h200-10", "h200-5", "cpu-20")}
+    assert {e["key"] for e in plan["deleted_entries"]} == doomed
+    assert set(plan["deleted_blobs"]) == {fleet[n]["blob"]["sha256"] for n in ("h200-10", "h200-5", "cpu-20")}
+
+    done = catalog.gc(store, 2)
+    assert {e["key"] for e in done["deleted_entries"]} == doomed and done["freed_bytes"] == 3 * 2000
+    kept = {k for _, k in store.list_index()}
+    assert kept == {e["key"] for e in fleet.values()} - doomed
+    assert fleet["h100-30"]["key"] in kept  # the only H100 artifact survives the H200's newer builds
+    blobs = {b.sha256 for b in store.list_blobs()}
+    assert blobs == {fleet[n]["blob"]["sha256"] for n in fleet if fleet[n]["key"] in kept}
+    assert catalog.gc(store, 2)["deleted_entries"] == []  # and then there is nothing more to do
+
+
+def test_gc_older_than_spares_recent_artifacts(store, fleet):
+    done = catalog.gc(store, 1, older_than_days=7)
+    assert {e["key"] for e in done["deleted_entries"]} == {fleet[n]["key"] for n in ("h200-10", "cpu-20", "cpu-19")}
+    assert {fleet["h200-5"]["key"], fleet["h200-1"]["key"]} <= {k for _, k in store.list_index()}
+
+
+def test_gc_never_deletes_a_blob_an_entry_still_uses(store, tmp_path):
+    shared = put_blob(store, tmp_path)
+    old = publish(store, tmp_path, "tiny", "NVIDIA H200", 9, blob=shared)
+    new = publish(store, tmp_path, "tiny", "NVIDIA H200", 1, blob=shared)
+    done = catalog.gc(store, 1)
+    assert [e["key"] for e in done["deleted_entries"]] == [old["key"]]
+    assert done["deleted_blobs"] == []
+    assert [b.sha256 for b in store.list_blobs()] == [shared[0]]
+    assert store.get_index("tiny", new["key"]) is not None
+
+
+def test_a_blob_no_entry_names_is_deleted_only_after_the_grace(store, tmp_path):
+    # A publish in flight (blob up, entry not yet) or the loser of a race looks like this.
+    orphan, _ = put_blob(store, tmp_path)
+    publish(store, tmp_path, "tiny", None, 0)
+    assert catalog.gc(store, 1)["deleted_blobs"] == []
+    assert orphan in {b.sha256 for b in store.list_blobs()}
+    later = NOW + catalog.ORPHAN_GRACE + timedelta(minutes=5)
+    assert catalog.gc(store, 1, now=later)["deleted_blobs"] == [orphan]
+    assert orphan not in {b.sha256 for b in store.list_blobs()} and len(store.list_blobs()) == 1
+
+
+def test_gc_refuses_what_it_cannot_do_safely(store, tmp_path):
+    publish(store, tmp_path, "tiny", None, 3)
+    with pytest.raises(StoreError, match="keep at least 1"):
+        catalog.gc(store, 0)
+    store.put_index("broken", "f" * 64, b"{not json")
+    before = state(store)
+    with pytest.raises(StoreError, match="index entry broken/f{64} .* is unreadable"):
+        catalog.gc(store, 1)
+    assert state(store) == before  # it cannot know what that entry uses, so it deletes nothing
+
+
+def test_cli_ls_gc_inspect_on_a_file_store(tmp_path):
+    store = open_store(f"file://{tmp_path / 'store'}")
+    entries = [publish(store, tmp_path, "tiny", None, d) for d in (3, 2, 1)]
+
+    def warmer(*args):
+        out = subprocess.run([sys.executable, "-m", "warmer", *args], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert "3 artifact(s) in " + store.url in warmer("ls", "--store", store.url)
+    assert [r["key"] for r in json.loads(warmer("ls", "--store", store.url, "--json"))] == \
+        [e["key"] for e in reversed(entries)]
+    dry = json.loads(warmer("gc", "--store", store.url, "--keep", "1", "--dry-run", "--json"))
+    assert len(dry["deleted_entries"]) == 2 and len(store.list_index()) == 3
+    assert "deleted 2 of 3 index entries and 2 blob(s)" in warmer("gc", "--store", store.url, "--keep", "1")
+    assert store.list_index() == [("tiny", entries[2]["key"])]
+    shown = json.loads(warmer("inspect", f"{store.url}/index/tiny/{entries[2]['key'][:12]}", "--json"))
+    assert shown["blob"]["sha256"] == entries[2]["blob"]["sha256"]

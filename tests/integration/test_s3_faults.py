@@ -1,0 +1,142 @@
+"""Failures between boto3 and S3 (a fault-injecting proxy): retried, or refused cleanly.
+
+Whatever the wire does, a node either activates exactly the published bytes or keeps the cache
+it had: no corrupt artifact is ever activated, and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import boto3
+import pytest
+
+from tests.conftest import make_cache_tree, tiny_recipe
+from tests.integration.conftest import add_big_file
+from warmer import build, fetch, restore
+from warmer.store import blob_path
+from warmer.store.s3 import S3Store
+
+MiB = 1 << 20
+
+
+def is_part(r):
+    return r.method == "PUT" and "partNumber=" in r.path
+
+
+def is_blob_get(r):
+    return r.method == "GET" and r.is_blob
+
+
+@pytest.fixture
+def artifact(tmp_path):
+    root = tmp_path / "build-root"
+    files = make_cache_tree(root)
+    add_big_file(root, 11 * MiB)
+    files["inductor/ab/big-kernel.so"] = (root / "inductor/ab/big-kernel.so").read_bytes()
+    art = tmp_path / "tiny.tar.zst"
+    doc = build.pack_root(root, tiny_recipe(), art)
+    return {"path": art, "doc": doc, "files": files, "sha256": hashlib.sha256(art.read_bytes()).hexdigest()}
+
+
+@pytest.fixture
+def published(artifact, s3_url):
+    build.publish(S3Store(s3_url, part_size=5 * MiB), artifact["path"])
+    return artifact
+
+
+@pytest.fixture
+def node_root(tmp_path):
+    """A node that already serves an older cache, which a failed fetch must leave alone."""
+    root = tmp_path / "node-root"
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "previous.json").write_text("previous cache")
+    return root
+
+
+def assert_unchanged(root):
+    assert (root / "vllm" / "previous.json").read_text() == "previous cache"
+    assert not (root / restore.MARKER).exists()
+    # fetch still prepares the (empty) cache directories for vLLM, but not one file came in
+    assert [p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir()] == ["vllm/previous.json"]
+    assert not [p for p in root.parent.iterdir() if ".staging-" in p.name or p.name.startswith(".warmer-blob")]
+
+
+def test_publish_survives_throttling_500s_and_resets(artifact, s3_url, bucket, proxy):
+    rules = [
+        proxy.inject("503", lambda r: r.method == "HEAD" and r.is_blob),
+        proxy.inject("500", lambda r: r.method == "POST" and r.path.endswith("?uploads")),
+        proxy.inject("503", is_part),
+        proxy.inject("reset", is_part),
+        proxy.inject("reset-after", is_part),  # stored, but the answer is lost
+        proxy.inject("reset-after", lambda r: r.method == "POST" and "uploadId=" in r.path),
+        # The entry is created, the answer lost; the retry meets If-None-Match and must know
+        # that the entry there is its own.
+        proxy.inject("reset-after", lambda r: r.method == "PUT" and r.is_index),
+    ]
+    result = build.publish(S3Store(s3_url, endpoint_url=proxy.url, part_size=5 * MiB), artifact["path"])
+    assert [r.fired for r in rules] == [1] * len(rules)
+    assert result["status"] == "published" and result["blob_uploaded"]
+    s3 = boto3.client("s3")
+    blob = s3.get_object(Bucket=bucket, Key="fleet/caches/" + blob_path(artifact["sha256"]))["Body"].read()
+    assert hashlib.sha256(blob).hexdigest() == artifact["sha256"]
+    entry = json.loads(S3Store(s3_url).get_index("tiny", artifact["doc"]["key"]))
+    assert entry["blob"]["sha256"] == artifact["sha256"]
+
+
+def test_fetch_survives_throttling_resets_and_cut_bodies(published, s3_url, proxy, node_root):
+    rules = [
+        proxy.inject("503", lambda r: r.method == "GET" and r.is_index),
+        proxy.inject("truncate", lambda r: r.method == "GET" and r.is_index),
+        proxy.inject("reset", lambda r: r.method == "HEAD" and r.is_blob),
+        proxy.inject("truncate", is_blob_get),
+        proxy.inject("reset", is_blob_get),
+        proxy.inject("500", is_blob_get),
+        proxy.inject("503", is_blob_get),
+    ]
+    got = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url, part_size=1 * MiB), node_root)
+    assert [r.fired for r in rules] == [1] * len(rules)
+    assert got["status"] == "hit", got["warnings"]
+    for rel, content in published["files"].items():
+        assert (node_root / rel).read_bytes() == content
+    assert not (node_root / "vllm" / "previous.json").exists()  # replaced whole
+
+
+def test_a_corrupted_download_is_fetched_again(published, s3_url, proxy, node_root):
+    rule = proxy.inject("corrupt", is_blob_get)
+    got = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url, part_size=1 * MiB), node_root)
+    assert rule.fired == 1
+    assert got["status"] == "hit", got["warnings"]
+    parts = -(-published["path"].stat().st_size // MiB)
+    assert len([r for r in proxy.requests if is_blob_get(r)]) == 2 * parts  # the whole blob, twice
+    assert restore.active(node_root)["archive_sha256"] == published["sha256"]
+
+
+@pytest.mark.parametrize("action", ["corrupt", "short"])
+def test_bytes_that_never_match_are_never_activated(published, s3_url, proxy, node_root, action):
+    rule = proxy.inject(action, is_blob_get, times=None)
+    got = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url, part_size=1 * MiB), node_root)
+    assert rule.fired > 0
+    assert got["status"] == "error"
+    assert any("not activated" in w and "unchanged" in w and "hashed to" in w and "each of 3 downloads" in w
+               for w in got["warnings"]), got["warnings"]
+    assert_unchanged(node_root)
+
+
+def test_a_store_that_keeps_failing_fails_cleanly(published, s3_url, proxy, node_root, monkeypatch):
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")  # keep the test short; the default is 8
+    rule = proxy.inject("500", lambda r: r.method == "HEAD" and r.is_blob, times=None)
+    got = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url), node_root)
+    assert rule.fired == 3
+    assert got["status"] == "error"
+    assert any("not activated" in w and "500 Internal Server Error after 3 attempts" in w for w in got["warnings"])
+    assert_unchanged(node_root)
+
+
+def test_a_blob_missing_from_the_store_is_reported(published, s3_url, bucket, node_root):
+    boto3.client("s3").delete_object(Bucket=bucket, Key="fleet/caches/" + blob_path(published["sha256"]))
+    got = fetch.fetch(tiny_recipe(), S3Store(s3_url), node_root)
+    assert got["status"] == "error"
+    assert any("is missing from" in w and "publish the artifact again" in w for w in got["warnings"])
+    assert_unchanged(node_root)

@@ -1,0 +1,260 @@
+"""The loop through s3:// on a real S3 API (moto's server over HTTP, unmodified boto3)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pty
+import socket
+import subprocess
+import sys
+import threading
+
+import boto3
+import pytest
+
+from tests.conftest import make_cache_tree, tiny_recipe
+from tests.integration.conftest import SECRET, add_big_file
+from warmer import build, fetch, restore
+from warmer.store import StoreError, blob_path, index_path, open_store
+from warmer.store.s3 import S3Store
+
+MiB = 1 << 20
+TINY_TOML = """
+name = "tiny"
+[model]
+path = "/models/tiny"
+[engine]
+max_model_len = 128
+[env]
+VLLM_USE_AOT_COMPILE = "0"
+[workload]
+prompt_lengths = [8]
+batch_sizes = [1]
+max_tokens = 4
+"""
+
+
+def _warmer(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "warmer", *map(str, args)], capture_output=True, text=True, **kw)
+
+
+def _object(bucket: str, key: str) -> bytes:
+    return boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+@pytest.fixture
+def packed(tmp_path):
+    """An artifact of the tiny recipe (12 MB: three 5 MiB multipart parts) and its files."""
+    root = tmp_path / "build-root"
+    files = make_cache_tree(root)
+    add_big_file(root, 12 * MiB)
+    files["inductor/ab/big-kernel.so"] = (root / "inductor/ab/big-kernel.so").read_bytes()
+    art = tmp_path / "tiny.tar.zst"
+    doc = build.pack_root(root, tiny_recipe(), art, timings={"build": {"init_engine_s": 30.0}})
+    return {"artifact": art, "doc": doc, "files": files, "sha256": hashlib.sha256(art.read_bytes()).hexdigest()}
+
+
+def test_the_loop_through_s3(packed, s3_url, bucket, proxy, tmp_path):
+    """pack → publish (multipart, parallel) → fetch (ranged GETs) → restore, then a no-op."""
+    up = S3Store(s3_url, endpoint_url=proxy.url, part_size=5 * MiB)
+    published = build.publish(up, packed["artifact"])
+    assert published["status"] == "published" and published["blob_uploaded"]
+    parts = [r for r in proxy.requests if r.method == "PUT" and "partNumber=" in r.path]
+    assert len(parts) == 3  # 12 MiB and more in 5 MiB parts
+    assert all("x-amz-checksum-crc32" in r.headers for r in parts)  # S3 checks every part
+    key = "fleet/caches/" + blob_path(packed["sha256"])
+    assert hashlib.sha256(_object(bucket, key)).hexdigest() == packed["sha256"]
+    entry = json.loads(_object(bucket, "fleet/caches/" + index_path("tiny", packed["doc"]["key"])))
+    assert entry["blob"] == {"sha256": packed["sha256"], "size": packed["artifact"].stat().st_size}
+
+    proxy.clear()
+    down = S3Store(s3_url, endpoint_url=proxy.url, part_size=1 * MiB)
+    node_root = tmp_path / "node-root"
+    got = fetch.fetch(tiny_recipe(), down, node_root)
+    assert got["status"] == "hit", got["warnings"]
+    for rel, content in packed["files"].items():
+        assert (node_root / rel).read_bytes() == content
+    ranged = [r for r in proxy.requests if r.method == "GET" and r.is_blob]
+    assert len(ranged) >= 12 and all(r.headers.get("range", "").startswith("bytes=") for r in ranged)
+    again = fetch.fetch(tiny_recipe(), down, node_root)
+    assert again["status"] == "already-active"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".node-root.staging", ".warmer-blob"))]
+
+
+def test_a_blob_already_there_is_not_uploaded_again(packed, s3_url, proxy):
+    store = S3Store(s3_url, endpoint_url=proxy.url, part_size=5 * MiB)
+    assert build.publish(store, packed["artifact"])["status"] == "published"
+    proxy.clear()
+    again = build.publish(store, packed["artifact"])
+    assert again["status"] == "already-published" and not again["blob_uploaded"]
+    blob_writes = [r for r in proxy.requests if r.is_blob and r.method in ("PUT", "POST")]
+    assert blob_writes == []
+    assert [r.method for r in proxy.requests if r.is_blob] == ["HEAD"]
+
+
+def test_eight_concurrent_publishers_of_one_key(tmp_path, s3_url, bucket):
+    """Eight builders race with different artifacts of the same key: one wins, seven are told."""
+    root = tmp_path / "build-root"
+    make_cache_tree(root)
+    arts = []
+    for i in range(8):
+        arts.append(tmp_path / f"race{i}.tar.zst")
+        build.pack_root(root, tiny_recipe(), arts[-1], timings={"build": {"run": i}})
+    stores = [open_store(s3_url) for _ in range(8)]  # one client each, as separate builders have
+    barrier = threading.Barrier(8)
+    results: list = [None] * 8
+
+    def publish(i):
+        barrier.wait()
+        results[i] = build.publish(stores[i], arts[i])
+
+    threads = [threading.Thread(target=publish, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r["status"] for r in results) == ["already-published"] * 7 + ["published"]
+    winner = next(r for r in results if r["status"] == "published")
+    assert all(r["published_blob"] == winner["blob"] for r in results if r is not winner)
+    assert len({r["key"] for r in results}) == 1
+    assert stores[0].list_index() == [("tiny", winner["key"])]
+    entry = json.loads(stores[0].get_index("tiny", winner["key"]))
+    assert entry["blob"]["sha256"] == winner["blob"]
+    with stores[0].open_blob(winner["blob"], spool_dir=tmp_path) as f:
+        assert hashlib.sha256(f.read()).hexdigest() == winner["blob"]
+    got = fetch.fetch(tiny_recipe(), stores[0], tmp_path / "node-root")
+    assert got["status"] == "hit", got["warnings"]
+    assert restore.active(tmp_path / "node-root")["archive_sha256"] == winner["blob"]
+
+
+def test_an_exact_fetch_costs_two_requests_plus_the_blobs_gets(packed, tmp_path, s3_url, proxy):
+    """However many artifacts the bucket holds: no listing, one index GET, one HEAD, ranged GETs."""
+    store = S3Store(s3_url, endpoint_url=proxy.url, part_size=1 * MiB)
+    build.publish(S3Store(s3_url, endpoint_url=proxy.url, part_size=5 * MiB), packed["artifact"])
+
+    def fetch_requests(root):
+        proxy.clear()
+        assert fetch.fetch(tiny_recipe(), store, root)["status"] == "hit"
+        return list(proxy.requests)
+
+    few = fetch_requests(tmp_path / "r1")
+    others = tmp_path / "others"
+    make_cache_tree(others)
+    for n in range(30):  # thirty more artifacts (other keys) in the bucket
+        art = tmp_path / f"other{n}.tar.zst"
+        build.pack_root(others, tiny_recipe(max_model_len=256 + n), art)
+        build.publish(store, art)
+    many = fetch_requests(tmp_path / "r2")
+
+    blob_gets = -(-packed["artifact"].stat().st_size // MiB)
+    for reqs in (few, many):
+        other = [(r.method, r.is_index, r.is_blob) for r in reqs if not (r.method == "GET" and r.is_blob)]
+        assert other == [("GET", True, False), ("HEAD", False, True)]
+        assert len([r for r in reqs if r.method == "GET" and r.is_blob]) == blob_gets
+    assert len(store.list_index("tiny")) == 31
+
+
+def test_cli_publish_fetch_ls_inspect_over_s3(packed, tmp_path, s3_url, aws_env):
+    """The endpoint from AWS_ENDPOINT_URL, credentials from the environment, never printed."""
+    recipe_file = tmp_path / "tiny.toml"
+    recipe_file.write_text(TINY_TOML)
+    pub = _warmer("publish", packed["artifact"], "--store", s3_url, "--json")
+    assert pub.returncode == 0, pub.stderr
+    assert json.loads(pub.stdout)["status"] == "published"
+    assert "\r" not in pub.stderr  # not a terminal: no progress bar
+    node = tmp_path / "node-root"
+    got = _warmer("fetch", recipe_file, "--store", s3_url, "--root", node, "--require", "--json")
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["status"] == "hit"
+    ls = _warmer("ls", "--store", s3_url, "--json")
+    assert ls.returncode == 0, ls.stderr
+    [row] = json.loads(ls.stdout)
+    assert row["recipe"] == "tiny" and row["key"] == packed["doc"]["key"] and row["blob"] == packed["sha256"]
+    human = _warmer("ls", "--store", s3_url)
+    assert packed["doc"]["key"][:16] in human.stdout and "1 artifact(s)" in human.stdout
+    inspect = _warmer("inspect", f"{s3_url}/index/tiny/{packed['doc']['key'][:16]}", "--json")
+    assert inspect.returncode == 0, inspect.stderr
+    shown = json.loads(inspect.stdout)
+    assert shown["key"] == packed["doc"]["key"] and shown["blob"]["sha256"] == packed["sha256"]
+    for out in (pub, got, ls, human, inspect):
+        assert SECRET not in out.stdout + out.stderr and "AKIDWARMERTEST" not in out.stdout + out.stderr
+    with open(packed["artifact"], "rb") as f:
+        assert SECRET.encode() not in f.read()
+    assert SECRET.encode() not in S3Store(s3_url).get_index("tiny", packed["doc"]["key"])
+
+
+def test_progress_bars_on_a_terminal_only(packed, s3_url, aws_env):
+    def publish_on_a_tty(*extra):
+        master, slave = pty.openpty()
+        proc = subprocess.Popen([sys.executable, "-m", "warmer", "publish", str(packed["artifact"]), "--store",
+                                 s3_url, *extra], stdout=subprocess.PIPE, stderr=slave)
+        os.close(slave)
+        err = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            err += chunk
+        os.close(master)
+        out = proc.communicate()[0]
+        assert proc.returncode == 0, err
+        return out.decode(), err.decode()
+
+    out, err = publish_on_a_tty()
+    assert "warmer: upload " in err and "100%" in err and "status: published" in out
+    S3Store(s3_url).delete_index("tiny", packed["doc"]["key"])
+    S3Store(s3_url).delete_blob(packed["sha256"])
+    out, err = publish_on_a_tty("--json")
+    assert "upload" not in err and json.loads(out)["status"] == "published"
+
+
+def test_path_style_addressing_when_asked(s3_url, bucket, proxy, monkeypatch):
+    # "localhost" is a host name, so without the knob boto3 would address bucket.localhost.
+    endpoint = proxy.url.replace("127.0.0.1", "localhost")
+    store = open_store(s3_url, endpoint_url=endpoint, path_style=True)
+    assert store.get_index("tiny", "0" * 64) is None
+    [req] = proxy.requests
+    assert req.path.startswith(f"/{bucket}/fleet/caches/index/") and req.headers["host"].startswith("localhost")
+    monkeypatch.setenv("WARMER_S3_ADDRESSING_STYLE", "path")
+    assert open_store(s3_url, endpoint_url=endpoint).list_index() == []
+    assert proxy.requests[-1].path.startswith(f"/{bucket}?list-type=2")
+    monkeypatch.setenv("WARMER_S3_ADDRESSING_STYLE", "sideways")
+    with pytest.raises(StoreError, match="use path, virtual or auto"):
+        open_store(s3_url)
+
+
+def test_clear_errors_without_tracebacks(tmp_path, aws_env, monkeypatch, packed):
+    missing = _warmer("ls", "--store", "s3://no-such-bucket-here/x")
+    assert missing.returncode == 1
+    assert "bucket no-such-bucket-here does not exist" in missing.stderr and "Traceback" not in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    nocreds = _warmer("publish", packed["artifact"], "--store", "s3://any-bucket")
+    assert nocreds.returncode == 1 and "Traceback" not in nocreds.stderr
+    assert "no usable AWS credentials" in nocreds.stderr and "AWS_PROFILE" in nocreds.stderr
+
+    wrong = _warmer("publish", packed["artifact"], "--store", f"file://{tmp_path}/store", "--endpoint-url", aws_env)
+    assert wrong.returncode == 1 and "applies to s3:// stores" in wrong.stderr
+
+
+def test_an_unreachable_store_is_a_slow_start_not_a_failed_pod(tmp_path, aws_env, monkeypatch):
+    recipe_file = tmp_path / "tiny.toml"
+    recipe_file.write_text(TINY_TOML)
+    with socket.socket() as s:  # a loopback port with nothing listening on it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    args = ["fetch", recipe_file, "--store", "s3://fleet/caches", "--root", tmp_path / "r",
+            "--endpoint-url", f"http://127.0.0.1:{port}"]
+    slow = _warmer(*args)
+    assert slow.returncode == 0, slow.stderr
+    assert f"cannot reach the S3 endpoint http://127.0.0.1:{port}" in slow.stderr
+    assert "export VLLM_CACHE_ROOT=" in slow.stdout
+    assert _warmer(*args, "--require").returncode == 3

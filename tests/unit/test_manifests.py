@@ -1,0 +1,273 @@
+"""Every YAML in manifests/ parses and has the fields its kind requires; the manifests agree with
+the recipes and the SKU catalogue they run (no cluster, no Docker engine: parsing and checks)."""
+
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from warmer import compat, matrix, restore
+from warmer.recipe import load
+
+MANIFESTS = REPO / "manifests"
+YAMLS = sorted(p for ext in ("yaml", "yml") for p in MANIFESTS.rglob(f"*.{ext}"))
+SKUS = matrix.load_skus(MANIFESTS / "skus.toml")
+GPU_PRODUCTS = {s.node_selector.get("nvidia.com/gpu.product") for s in SKUS.values()} - {None}
+
+
+def docs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def k8s_docs() -> list[tuple[Path, dict]]:
+    return [(p, d) for p in YAMLS for d in docs(p) if "apiVersion" in d]
+
+
+def of_kind(kind: str) -> list[tuple[Path, dict]]:
+    return [(p, d) for p, d in k8s_docs() if d["kind"] == kind]
+
+
+_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def k8s_expand(text: str, env: dict[str, str]) -> str:
+    """The kubelet's expansion of command and args: $(VAR) from the container's env, $$ escapes,
+    and a reference to an undefined var stays as written."""
+    return _REF.sub(lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+
+
+def container_env(c: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+
+
+def init_container(name: str = "warmer-fetch") -> tuple[dict, dict]:
+    """(the Deployment, its init container) of manifests/k8s/."""
+    for _, d in of_kind("Deployment"):
+        for c in d["spec"]["template"]["spec"].get("initContainers", []):
+            if c["name"] == name:
+                return d, c
+    raise AssertionError(f"no Deployment in manifests/k8s has an init container {name}")
+
+
+def command_of(c: dict, **env_overrides) -> list[str]:
+    """The init container's argv as the kubelet runs it, with env values overridden (bucket, paths)."""
+    env = {**container_env(c), **env_overrides}
+    return [k8s_expand(a, env) for a in c.get("command", []) + c.get("args", [])]
+
+
+def pod_spec(d: dict) -> dict:
+    return d["spec"]["template"]["spec"] if d["kind"] in ("Deployment", "Job") else d["spec"]
+
+
+# --- every YAML parses and has what its kind requires ------------------------------------------
+
+def test_manifests_exist_for_each_user():
+    names = {p.relative_to(MANIFESTS).as_posix() for p in YAMLS}
+    assert any(n.startswith("ci/") for n in names if docs(MANIFESTS / n) and "jobs" in docs(MANIFESTS / n)[0])
+    assert of_kind("Job") and of_kind("Deployment") and (MANIFESTS / "docker" / "Dockerfile").is_file()
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.relative_to(MANIFESTS).as_posix())
+def test_yaml_parses_into_known_kinds(path):
+    found = docs(path)
+    assert found, f"{path} is empty"
+    for d in found:
+        assert isinstance(d, dict)
+        if "jobs" in d:  # a GitHub Actions workflow
+            continue
+        assert {"apiVersion", "kind", "metadata"} <= set(d), f"{path}: {sorted(d)}"
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", d["metadata"]["name"]), d["metadata"]["name"]
+        assert d["kind"] in ("Deployment", "Job", "Service"), d["kind"]
+
+
+@pytest.mark.parametrize("path,doc", [x for x in k8s_docs() if x[1]["kind"] in ("Deployment", "Job")],
+                         ids=lambda x: getattr(x, "name", None) or x["kind"])
+def test_workloads_have_the_fields_their_kind_requires(path, doc):
+    spec = doc["spec"]
+    if doc["kind"] == "Deployment":
+        labels = spec["template"]["metadata"]["labels"]
+        assert spec["selector"]["matchLabels"].items() <= labels.items()
+    else:
+        assert spec["template"]["spec"]["restartPolicy"] in ("Never", "OnFailure")
+    ps = pod_spec(doc)
+    volumes = {v["name"]: v for v in ps.get("volumes", [])}
+    assert len(volumes) == len(ps.get("volumes", [])), "volume names must be unique"
+    for c in ps.get("initContainers", []) + ps["containers"]:
+        assert c["name"] and c["image"] and (c.get("command") or c.get("args"))
+        for m in c.get("volumeMounts", []):
+            assert m["name"] in volumes, f"{c['name']} mounts undefined volume {m['name']}"
+            assert m["mountPath"].startswith("/")
+        for e in c.get("env", []):
+            assert set(e) & {"value", "valueFrom"}, e
+        # Every $(VAR) in the command is defined in the container's env: the kubelet would
+        # pass an undefined one through as text.
+        for arg in c.get("command", []) + c.get("args", []):
+            for m in _REF.finditer(arg):
+                assert m.group(0) == "$$" or m.group(1) in container_env(c), f"{c['name']}: {m.group(0)}"
+    for v in volumes.values():
+        assert set(v) & {"hostPath", "emptyDir", "configMap", "secret", "persistentVolumeClaim"}, v
+    # Scheduled onto a GPU SKU of the catalogue, asking for GPUs.
+    product = ps["nodeSelector"]["nvidia.com/gpu.product"]
+    assert product in GPU_PRODUCTS, f"{product} is not a node_selector in manifests/skus.toml"
+    assert any(c["resources"]["limits"]["nvidia.com/gpu"] >= 1 for c in ps["containers"])
+
+
+def test_services_select_a_deployment():
+    pods = [d["spec"]["template"]["metadata"]["labels"] for _, d in of_kind("Deployment")]
+    for path, svc in of_kind("Service"):
+        assert svc["spec"]["ports"]
+        assert any(svc["spec"]["selector"].items() <= labels.items() for labels in pods), path
+
+
+def test_github_workflow_runs_matrix_then_build_per_sku():
+    (path,) = [p for p in YAMLS if p.parent.name == "ci" and "jobs" in docs(p)[0]]
+    wf = docs(path)[0]
+    on = wf.get("on", wf.get(True))  # YAML 1.1 reads the bare key `on` as true
+    assert on and "workflow_dispatch" in on
+    plan, build = wf["jobs"]["plan"], wf["jobs"]["build"]
+    for job in (plan, build):
+        assert job["runs-on"] and job["steps"]
+    assert any("warmer matrix manifests/ --format github" in s.get("run", "") and "GITHUB_OUTPUT" in s["run"]
+               for s in plan["steps"])
+    assert build["needs"] == "plan"
+    assert build["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
+    assert build["runs-on"] == "${{ matrix.runs_on }}" and build["container"]["image"] == "${{ matrix.image }}"
+    (step,) = [s for s in build["steps"] if "warmer build" in s.get("run", "")]
+    argv = shlex.split(step["run"].replace("\\\n", " "))
+    assert argv[argv.index("--root") + 1] == "${{ matrix.root }}"
+    assert argv[argv.index("--step-summary") + 1] == "$GITHUB_STEP_SUMMARY"
+    assert argv[argv.index("--store") + 1] == "$WARMER_STORE" and wf["env"]["WARMER_STORE"].startswith("s3://")
+    # Every matrix field the workflow reads is one `warmer matrix` writes.
+    used = set(re.findall(r"(?<![.\w])matrix\.([a-z_]+)", path.read_text()))
+    entry = matrix.entries([MANIFESTS], SKUS, MANIFESTS / "skus.toml")[0][0]
+    assert {"runs_on", "image", "root", "recipe", "gpus"} <= used <= set(entry), used - set(entry)
+
+
+# --- the Deployment agrees with its recipe -----------------------------------------------------
+
+def _serve_argv(c: dict) -> list[str]:
+    script = "\n".join(c["args"])
+    (line,) = [ln for ln in script.replace("\\\n", " ").splitlines() if ln.strip().startswith("exec vllm serve")]
+    return shlex.split(line)[3:]
+
+
+def _flags(argv: list[str]) -> tuple[str, dict[str, str]]:
+    model, rest = argv[0], argv[1:]
+    flags = {}
+    while rest:
+        name = rest.pop(0)
+        assert name.startswith("--"), name
+        flags[name[2:].replace("-", "_")] = rest.pop(0) if rest and not rest[0].startswith("--") else "true"
+    return model, flags
+
+
+def test_deployment_serves_exactly_what_its_recipe_warmed():
+    deployment, init = init_container()
+    recipe_name = container_env(init)["WARMER_RECIPE"]
+    recipe = load(MANIFESTS / "models" / f"{recipe_name}.toml")
+    (vllm,) = [c for c in pod_spec(deployment)["containers"] if c["name"] == "vllm"]
+    model, flags = _flags(_serve_argv(vllm))
+    # vLLM hashes the model path string, every engine arg and the revision into its compile key.
+    assert model == recipe.model
+    for k, v in recipe.engine.items():
+        assert flags.get(k) == str(v), f"--{k.replace('_', '-')} must be {v}, as in {recipe.source}"
+    if recipe.revision:
+        assert flags.get("revision") == recipe.revision
+    # LLM(), which warms, and `vllm serve` default max_num_batched_tokens differently: pinned.
+    assert "max_num_batched_tokens" in flags
+    if "max_num_batched_tokens" in recipe.engine:
+        assert flags["max_num_batched_tokens"] == str(recipe.engine["max_num_batched_tokens"])
+    # Scheduled on a SKU the recipe targets, with the GPUs it needs, in the init container too
+    # (the fingerprint counts the GPUs it sees).
+    selector = pod_spec(deployment)["nodeSelector"]
+    assert any(SKUS[t].node_selector.items() <= selector.items() for t in recipe.targets)
+    need = compat.gpus_needed(recipe.identity())
+    assert init["resources"]["limits"]["nvidia.com/gpu"] == vllm["resources"]["limits"]["nvidia.com/gpu"] == need
+    assert init["image"] == vllm["image"]
+
+
+def test_init_container_fetches_into_the_root_ci_builds_at_and_vllm_sources_its_env():
+    deployment, init = init_container()
+    argv = command_of(init)
+    assert argv[:2] == ["warmer", "fetch"] and "--require" not in argv  # a miss starts the pod, slowly
+    recipe_name = container_env(init)["WARMER_RECIPE"]
+    root = argv[argv.index("--root") + 1]
+    assert root == f"{matrix.DEFAULT_ROOT_BASE}/{recipe_name}"
+    env_file = argv[argv.index("--env-file") + 1]
+    # sh sources it: values with spaces (FLASHINFER_CUDA_ARCH_LIST="9.0a 10.0a") need its quoting.
+    assert argv[argv.index("--env-format") + 1] == "shell"
+    (vllm,) = [c for c in pod_spec(deployment)["containers"] if c["name"] == "vllm"]
+    script = "\n".join(vllm["args"])
+    assert f". {env_file}" in script and "set -a" in script
+    assert restore.MARKER in script and "kubectl logs" in script  # the visible warning on a miss
+    # Both containers mount the cache and the env file's volume at the same paths.
+    mounts = {c["name"]: {m["mountPath"]: m["name"] for m in c["volumeMounts"]} for c in (init, vllm)}
+    for path in (str(Path(root).parent), str(Path(env_file).parent)):
+        assert mounts["warmer-fetch"][path] == mounts["vllm"][path]
+    # The recipe reaches the pod through the ConfigMap made from manifests/models/.
+    recipe_path = argv[2]
+    (recipes_mount,) = [m for m in init["volumeMounts"] if recipe_path.startswith(m["mountPath"] + "/")]
+    volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+    assert "configMap" in volumes[recipes_mount["name"]]
+    assert (MANIFESTS / "models" / Path(recipe_path).name).is_file()
+
+
+def test_build_job_builds_at_the_serving_root_into_an_empty_volume():
+    (path, job), = of_kind("Job")
+    (c,) = pod_spec(job)["containers"]
+    argv = command_of(c)
+    recipe_name = container_env(c)["WARMER_RECIPE"]
+    assert argv[:2] == ["warmer", "build"]
+    assert argv[argv.index("--root") + 1] == f"{matrix.DEFAULT_ROOT_BASE}/{recipe_name}"
+    cache = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}[matrix.DEFAULT_ROOT_BASE]
+    assert "emptyDir" in {v["name"]: v for v in pod_spec(job)["volumes"]}[cache]
+    recipe = load(MANIFESTS / "models" / f"{recipe_name}.toml")
+    assert any(SKUS[t].node_selector.items() <= pod_spec(job)["nodeSelector"].items() for t in recipe.targets)
+
+
+def test_k8s_expand_follows_the_kubelet():
+    env = {"A": "x", "B": "y"}
+    assert k8s_expand("$(A)/$(B)-$(C)-$$(A)", env) == "x/y-$(C)-$(A)"
+
+
+# --- the Dockerfile stage ----------------------------------------------------------------------
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    text = (MANIFESTS / "docker" / "Dockerfile").read_text()
+    text = re.sub(r"<<'EOF'.*?\nEOF\n", "<<heredoc\n", text, flags=re.S)  # heredoc bodies are not instructions
+    out = []
+    for line in text.replace("\\\n", " ").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            op, _, rest = line.strip().partition(" ")
+            out.append((op.upper(), rest))
+    return out
+
+
+def test_dockerfile_stages_bake_caches_at_the_serving_root_without_credentials_in_the_image():
+    ins = _dockerfile_instructions()
+    stages = [rest.split()[-1] for op, rest in ins if op == "FROM"]
+    assert stages == ["warmer", "baked", "baked-from-file"]
+    runs = [rest for op, rest in ins if op == "RUN"]
+    (fetch,) = [r for r in runs if "warmer fetch" in r]
+    assert "--require" in fetch and "--mount=type=secret" in fetch
+    assert '--root "/cache/${RECIPE}"' in fetch and "--env-file /etc/warmer/vllm.env --env-format shell" in fetch
+    (restore_run,) = [r for r in runs if "warmer restore" in r]
+    assert "--mount=type=bind" in restore_run and "--recipe" in restore_run
+    assert "--env-file /etc/warmer/vllm.env --env-format shell" in restore_run
+    # Credentials never as ARG or ENV: those stay in the image's history.
+    names = [rest.split("=")[0] for op, rest in ins if op in ("ARG", "ENV")]
+    assert not [n for n in names if re.search(r"SECRET|ACCESS_KEY|TOKEN|PASSWORD", n)], names
+    # The baked images start vLLM with the env the restore wrote.
+    assert ("ENTRYPOINT", '["/usr/local/bin/vllm-serve-warm"]') in ins
+    text = (MANIFESTS / "docker" / "Dockerfile").read_text()
+    assert ". /etc/warmer/vllm.env" in text and "exec vllm serve" in text
+
+
+def test_skus_and_recipes_in_manifests_agree():
+    for f in sorted((MANIFESTS / "models").glob("*.toml")):
+        for t in tomllib.loads(f.read_text()).get("targets", []):
+            assert t in SKUS, f"{f.name} targets {t}, missing from skus.toml"

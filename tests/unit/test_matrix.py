@@ -1,0 +1,177 @@
+"""`warmer matrix`: the recipe x SKU matrix for a CI job per GPU SKU, and the build's step summary."""
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from warmer import matrix
+
+MANIFESTS = REPO / "manifests"
+CATALOGUE = MANIFESTS / "skus.toml"
+
+RECIPE = """
+name = "{name}"
+targets = {targets}
+[model]
+path = "/models/m"
+[engine]
+tensor_parallel_size = {tp}
+[workload]
+prompt_lengths = [8]
+"""
+
+
+def _recipes(tmp_path: Path, **recipes) -> Path:
+    """A manifests dir with models/NAME.toml for each (targets, tp) and the shipped catalogue."""
+    models = tmp_path / "manifests" / "models"
+    models.mkdir(parents=True)
+    (tmp_path / "manifests" / "skus.toml").write_text(CATALOGUE.read_text())
+    for name, (targets, tp) in recipes.items():
+        (models / f"{name}.toml").write_text(RECIPE.format(name=name, targets=json.dumps(targets), tp=tp))
+    return tmp_path / "manifests"
+
+
+def _warmer(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "warmer", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd)
+
+
+def test_shipped_recipes_make_one_entry_per_target():
+    entries, skipped = matrix.entries([MANIFESTS], matrix.load_skus(CATALOGUE), CATALOGUE)
+    want = set()
+    for f in sorted((MANIFESTS / "models").glob("*.toml")):
+        doc = tomllib.loads(f.read_text())
+        want |= {(doc["name"], t) for t in doc["targets"]}
+    assert {(e["name"], e["sku"]) for e in entries} == want and not skipped
+    h200 = next(e for e in entries if e["sku"] == "h200")
+    assert h200["node_selector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert "gpu-h200" in h200["runs_on"] and h200["gpus"] == 1
+    assert h200["root"] == f"/cache/{h200['name']}" and h200["recipe"].endswith(".toml")
+
+
+def test_catalogue_gpu_labels_are_the_nvml_name_with_dashes():
+    # GPU feature discovery derives nvidia.com/gpu.product from the NVML name this way; a
+    # typo here would schedule builds and pods nowhere.
+    skus = matrix.load_skus(CATALOGUE)
+    gpus = [s for s in skus.values() if s.gpu_name]
+    assert len(gpus) >= 8
+    for s in gpus:
+        assert s.node_selector["nvidia.com/gpu.product"] == s.gpu_name.replace(" ", "-"), s.name
+    assert not any(s.gpu_name for s in skus.values() if s.name.startswith("cpu-"))
+
+
+def test_unknown_sku_is_an_error_naming_it_and_where_to_add_it(tmp_path):
+    d = _recipes(tmp_path, good=(["h200"], 1), bad=(["h300"], 1))
+    cat = d / "skus.toml"
+    with pytest.raises(matrix.MatrixError) as e:
+        matrix.entries([d], matrix.load_skus(cat), cat)
+    msg = str(e.value)
+    assert "'h300'" in msg and "bad.toml" in msg and "[sku.h300]" in msg and str(cat) in msg
+
+
+def test_gpus_follow_tensor_and_pipeline_parallel_size_and_cpu_gets_none(tmp_path):
+    d = _recipes(tmp_path, big=(["h200", "cpu-x86_64"], 4))
+    entries, _ = matrix.entries([d], matrix.load_skus(d / "skus.toml"), d / "skus.toml")
+    assert {e["sku"]: e["gpus"] for e in entries} == {"h200": 4, "cpu-x86_64": 0}
+
+
+def test_filter_by_sku_and_skip_recipes_without_targets(tmp_path):
+    d = _recipes(tmp_path, a=(["h200", "b200"], 1), b=(["b200"], 1), idle=([], 1))
+    cat = d / "skus.toml"
+    entries, skipped = matrix.entries([d], matrix.load_skus(cat), cat, only=["b200"])
+    assert sorted(e["name"] for e in entries) == ["a", "b"] and {e["sku"] for e in entries} == {"b200"}
+    assert len(skipped) == 1 and "idle.toml" in skipped[0]
+    with pytest.raises(matrix.MatrixError, match="--sku h999"):
+        matrix.entries([d], matrix.load_skus(cat), cat, only=["h999"])
+
+
+def test_an_empty_matrix_is_an_error_not_an_empty_include(tmp_path):
+    d = _recipes(tmp_path, idle=([], 1))
+    entries, _ = matrix.entries([d], matrix.load_skus(d / "skus.toml"), d / "skus.toml")
+    with pytest.raises(matrix.MatrixError, match="targets"):
+        matrix.github(entries)
+
+
+def test_duplicate_recipe_names_are_an_error(tmp_path):
+    d = _recipes(tmp_path, one=(["h200"], 1))
+    (d / "models" / "two.toml").write_text(RECIPE.format(name="one", targets='["h200"]', tp=1))
+    with pytest.raises(matrix.MatrixError, match="both named 'one'"):
+        matrix.entries([d], matrix.load_skus(d / "skus.toml"), d / "skus.toml")
+
+
+def test_catalogue_errors_name_the_sku_and_field(tmp_path):
+    bad = tmp_path / "skus.toml"
+    bad.write_text('[sku.h200]\ngpu_name = "NVIDIA H200"\nnode_selector = { a = "b" }\nimage = "i"\n')
+    with pytest.raises(matrix.MatrixError, match=r"\[sku.h200\]: runs_on"):
+        matrix.load_skus(bad)
+    bad.write_text('[sku.h200]\nruns_on = ["x"]\nnode_selector = { a = "b" }\n')
+    with pytest.raises(matrix.MatrixError, match="no image"):
+        matrix.load_skus(bad)
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    with pytest.raises(matrix.MatrixError, match="--skus"):
+        matrix.find_catalogue([tmp_path / "a" / "b"])
+    assert matrix.find_catalogue([tmp_path / "a"]) == bad  # beside a models/ dir's parent
+
+
+def test_cli_github_format_is_one_line_for_github_output():
+    out = _warmer("matrix", "manifests/", "--format", "github")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("\n") == 1  # `echo "matrix=$(...)" >> $GITHUB_OUTPUT` takes one line
+    doc = json.loads(out.stdout)
+    assert set(doc) == {"include"} and doc["include"]
+    assert all(Path(REPO, e["recipe"]).is_file() for e in doc["include"])  # paths relative to the checkout
+    only = json.loads(_warmer("matrix", "manifests/", "--format", "json", "--sku", "rtx-5090").stdout)
+    assert [e["sku"] for e in only] == ["rtx-5090"]
+
+
+def test_cli_unknown_sku_fails_with_the_message(tmp_path):
+    d = _recipes(tmp_path, bad=(["h300"], 1))
+    out = _warmer("matrix", d)
+    assert out.returncode == 1 and "h300" in out.stderr and "Traceback" not in out.stderr
+
+
+# --- the step summary ------------------------------------------------------------------------
+
+BUILD_RESULT = {
+    "status": "published", "recipe": "llama", "key": "ab" * 32, "files": 120, "bytes": 1_500_000_000,
+    "archive_bytes": 400_000_000, "restore": {"seconds": 3.2},
+    "cold": {"engine_init_s": 212.4, "init_engine_s": 150.1, "torch_compile_s": 39.0},
+    "verify": {"verdict": "hit", "files": {"recompiled_files": 0},
+               "restored": {"engine_init_s": 61.0, "init_engine_s": 20.3, "torch_compile_s": 4.1}},
+    "publish": {"status": "published", "store": "s3://bucket/warmer"},
+}
+
+
+def test_step_summary_has_cold_time_size_and_verify():
+    md = matrix.step_summary(BUILD_RESULT, recipe="llama")
+    assert "published" in md.splitlines()[0]
+    assert "| engine start (LLM() to ready) | 212.4 s | 61.0 s |" in md
+    assert "1500.0 MB packed to 400.0 MB" in md and "**hit**, 0 recompiled" in md
+    assert "s3://bucket/warmer" in md
+
+
+def test_step_summary_of_a_failure_and_of_nothing_to_do():
+    md = matrix.step_summary({**BUILD_RESULT, "verify": {"verdict": "miss", "files": {"recompiled_files": 7},
+                                                         "restored": {}}},
+                             recipe="llama", error="verify found 7 recompiled file(s)")
+    assert "failed" in md.splitlines()[0] and "> verify found 7" in md and "**miss**, 7 recompiled" in md
+    md = matrix.step_summary({"status": "already-published", "store": "s3://b", "key": "cd" * 32}, recipe="x")
+    assert "nothing built" in md and "cdcdcdcd" in md
+
+
+def test_build_writes_the_summary_when_it_fails_early(tmp_path):
+    root = tmp_path / "root"
+    (root / "leftover").mkdir(parents=True)
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    out = _warmer("build", MANIFESTS / "models" / "llama-3.1-8b-h200.toml", "--store", f"file://{tmp_path / 's'}",
+                  "--root", root, "--step-summary", summary)
+    assert out.returncode == 1 and "not empty" in out.stderr
+    text = summary.read_text()
+    assert text.startswith("earlier step\n")  # appended, as GitHub expects
+    assert "llama-3.1-8b-h200" in text and "failed" in text and "not empty" in text

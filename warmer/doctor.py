@@ -1,0 +1,464 @@
+"""`warmer doctor`: is this serving environment set up so that vLLM's caches survive and hit?
+
+The checks, each finding with its fix:
+- cache locations: the filesystem each cache env var (or its default) lands on, read from
+  mountinfo. The container's own overlay root is wiped with every pod (the seeds' gotcha: the
+  default ~/.cache/vllm); an emptyDir survives container restarts, not a new pod; tmpfs is RAM;
+  a hostPath or a persistent volume keeps the cache.
+- FlashInfer: the directories it writes at import and at run time must be writable
+  (research/flashinfer-caches.md: a read-only workspace fails the import).
+- per-pod env: values vLLM hashes into its compile key that differ per pod (pod IPs,
+  hostnames), so no pod ever hits another's cache (ai-dynamo/dynamo#10695).
+- the active artifact (with a root): is it in use (the cache env points into it), does it fit
+  this node, and does its path contract hold.
+
+diagnose() takes every input as an argument (env, mountinfo text, node fingerprint) so that
+recorded samples stand in for a real pod in tests; check() gathers them on this machine.
+Node path: imports neither torch nor vllm.
+"""
+
+from __future__ import annotations
+
+import getpass
+import importlib.util
+import os
+import re
+import shlex
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from warmer import compat, components, fetch, fingerprint, restore
+from warmer.recipe import Recipe, parse
+
+ERROR, WARNING, INFO = "error", "warning", "info"
+FIX_VOLUME = ("point {var} into a volume (a hostPath shared by the node's pods, or a persistent volume): "
+              "`warmer fetch --env-file` in an init container fills one root there and writes the env "
+              "that puts every cache under it (manifests/k8s/)")
+# Caches whose loss costs the compile time itself; the others cost seconds.
+PRIMARY = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
+OVERLAY_FS = ("overlay", "overlayfs", "aufs", "fuse.fuse-overlayfs")
+RAM_FS = ("tmpfs", "ramfs")
+NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "9p", "ceph", "glusterfs", "lustre", "fuse.s3fs", "fuse.gcsfuse",
+              "fuse.mountpoint-s3", "fuse.juicefs", "fuse.sshfs", "virtiofs")
+DISK_FS = ("ext4", "ext3", "ext2", "xfs", "btrfs", "zfs", "f2fs")
+# vLLM hashes every known env var into its compile key except an ignore list (vllm envs.py
+# compile_factors; research/vllm-caches.md). These hashed ones hold host or rank values.
+HASHED_PER_HOST = {
+    "VLLM_RAY_BUNDLE_INDICES": "it splits the cache per Ray placement bundle (one key per engine)",
+    "VLLM_RAY_DP_PLACEMENT_NODE_IPS": "it lists node IPs",
+    "VLLM_P2P_SIDE_CHANNEL_HOST": "it is a host address",
+    "VLLM_P2P_SIDE_CHANNEL_PORT": "it is a port",
+    "VLLM_EC_SIDE_CHANNEL_HOST": "it is a host address",
+    "MOONCAKE_REQUESTER_LOCAL_HOSTNAME": "it is a hostname",
+    "VLLM_GPU_NIC_PCIE_MAPPING": "it describes one machine's PCIe topology",
+    "VLLM_LOOPBACK_IP": "it is an address",
+    "VLLM_DP_RANK": "each data-parallel rank gets its own key",
+    "VLLM_DP_RANK_LOCAL": "each data-parallel rank gets its own key",
+}
+# Hashed by older vLLM releases only.
+HASHED_BEFORE = {
+    "VLLM_NIXL_SIDE_CHANNEL_HOST": "vLLM releases before the fix for ai-dynamo/dynamo#10695 hash it "
+                                   "(0.32 ignores it)",
+}
+# vLLM's ignore list, the entries that look per-host: never a finding.
+IGNORED_BY_VLLM = {"VLLM_HOST_IP", "VLLM_PORT", "VLLM_DP_MASTER_IP", "VLLM_DP_MASTER_PORT", "VLLM_CACHE_ROOT",
+                   "VLLM_RPC_BASE_PATH", "VLLM_CONFIG_ROOT", "VLLM_ASSETS_CACHE", "VLLM_XLA_CACHE_PATH",
+                   "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT"}
+
+
+@dataclass(frozen=True)
+class Mount:
+    mount_point: str
+    root: str           # the path inside its filesystem that is mounted (a bind mount's source)
+    fstype: str
+    source: str
+    options: tuple[str, ...]
+
+    @property
+    def read_only(self) -> bool:
+        return "ro" in self.options
+
+
+@dataclass
+class Finding:
+    severity: str
+    check: str
+    subject: str
+    what: str
+    fix: str
+
+
+_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as \\040, \\011, \\012, \\134."""
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """/proc/PID/mountinfo: `ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE
+    SUPEROPTIONS` (proc(5)). The optional fields vary in number, so the fs type is found after
+    the lone '-'."""
+    out = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 9 or "-" not in fields[6:]:
+            continue  # not a mountinfo line
+        sep = fields.index("-", 6)
+        if len(fields) < sep + 3:
+            continue
+        # Per-mount options and the filesystem's own (super) options: "ro" in either means read-only.
+        options = set(fields[5].split(",")) | set(fields[sep + 3].split(",") if len(fields) > sep + 3 else ())
+        out.append(Mount(mount_point=unescape(fields[4]), root=unescape(fields[3]), fstype=fields[sep + 1],
+                         source=unescape(fields[sep + 2]), options=tuple(sorted(options))))
+    return out
+
+
+def _under(path: str, prefix: str) -> bool:
+    return prefix == "/" or path == prefix or path.startswith(prefix.rstrip("/") + "/")
+
+
+def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
+    """The mount holding path: the longest mount point above it; on a tie the later (upper) one."""
+    best = None
+    for m in mounts:
+        if _under(path, m.mount_point) and (best is None or len(m.mount_point) >= len(best.mount_point)):
+            best = m
+    return best
+
+
+def classify(m: Mount | None) -> tuple[str, str]:
+    """(kind, what it means for a cache) of a mount."""
+    if m is None:
+        return "unknown", "no mount found for it"
+    if m.fstype in RAM_FS:  # an emptyDir with medium Memory looks like any tmpfs from inside
+        return "tmpfs", "tmpfs (RAM, e.g. an emptyDir with medium: Memory): wiped with the pod or on " \
+                        "reboot, and every byte counts against the memory limit"
+    if m.fstype in OVERLAY_FS or (m.fstype.startswith("fuse.") and "overlay" in m.fstype):
+        if m.mount_point == "/":
+            return "container-root", "the container's own overlay root: wiped with every pod"
+        return "overlay", "an overlay filesystem: wiped with its container"
+    if "kubernetes.io~empty-dir" in m.root:
+        return "emptydir", "an emptyDir: survives container restarts, not a new pod"
+    if m.fstype in NETWORK_FS or m.fstype.startswith("fuse."):
+        return "network", f"a network filesystem ({m.fstype}): persistent, but JIT locks and ninja mtimes " \
+                          "are unreliable there"
+    if re.search(r"kubernetes\.io~(csi|aws-ebs|gce-pd|azure-disk|local-volume)", m.root):
+        return "volume", "a persistent volume"
+    if m.fstype in DISK_FS or m.source.startswith("/dev/"):
+        return "disk", "a node-local disk (a hostPath or the host's own filesystem): persistent"
+    return "other", f"a {m.fstype} filesystem"
+
+
+def read_env_file(text: str) -> dict[str, str]:
+    """The env file `warmer fetch --env-file` writes: dotenv (K=V) or shell (`export K='V'`)."""
+    env = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            for token in shlex.split(line[len("export "):]):
+                k, _, v = token.partition("=")
+                env[k] = v
+        else:
+            k, _, v = line.partition("=")
+            env[k.strip()] = v
+    return env
+
+
+def cache_paths(env: dict[str, str], user: str) -> list[tuple[str, str, bool]]:
+    """(var, path, from its default) for each cache warmer knows; defaults as each library
+    computes them when the var is unset."""
+    home = env.get("HOME") or os.path.expanduser("~")
+    xdg = env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
+    tmp = env.get("TMPDIR") or "/tmp"
+    defaults = {
+        "VLLM_CACHE_ROOT": os.path.join(xdg, "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, f"torchinductor_{user}"),
+        "TMPDIR": "/tmp",
+        "TRITON_CACHE_DIR": os.path.join(env.get("TRITON_HOME") or home, ".triton", "cache"),
+        "FLASHINFER_WORKSPACE_BASE": home,
+        "FLASHINFER_AUTOTUNE_CACHE_DIR": os.path.join(env.get("FLASHINFER_WORKSPACE_BASE") or home,
+                                                      components.flashinfer.CACHE, "autotune"),
+        "B12X_COMPILE_CACHE_DIR": os.path.join(xdg, "b12x", "compile"),
+        "CUDA_CACHE_PATH": os.path.join(home, ".nv", "ComputeCache"),
+    }
+    out = []
+    for var in dict.fromkeys(v for c in components.ALL for v, _ in c.env):
+        if env.get(var):
+            out.append((var, env[var], False))
+        elif var in defaults:
+            out.append((var, defaults[var], True))
+    return out
+
+
+def _find_root(env: dict[str, str], resolve) -> Path | None:
+    """The warmer root the env points into: where VLLM_CACHE_ROOT's parent holds a marker."""
+    v = env.get("VLLM_CACHE_ROOT")
+    if v:
+        parent = Path(resolve(v)).parent
+        if restore.active(parent):
+            return parent
+    return None
+
+
+def _locations(env, mounts, resolve, user, root: Path | None, marker) -> tuple[list[dict], list[Finding]]:
+    rows, findings = [], []
+    for var, path, default in cache_paths(env, user):
+        real = resolve(path)
+        m = mount_of(real, mounts)
+        kind, meaning = classify(m)
+        in_root = bool(root and marker and _under(real, str(root)))
+        rows.append({"var": var, "path": path, "default": default, "mount_point": m.mount_point if m else None,
+                     "fstype": m.fstype if m else None, "kind": kind, "read_only": bool(m and m.read_only),
+                     "in_active_root": in_root})
+        where = f"{var}={path}" + (" (unset: its default)" if default else "")
+        severity = ERROR if var in PRIMARY else WARNING
+        if m and m.read_only:
+            findings.append(Finding(severity, "cache-location", var, f"{where} is on a read-only mount "
+                                    f"({m.mount_point}): vLLM cannot write what it compiles there",
+                                    f"point {var} at a writable volume (warmer's env puts it under the root)"))
+        elif kind == "container-root" or kind == "overlay":
+            if in_root:
+                findings.append(Finding(INFO, "cache-location", var, f"{where} is inside the image (overlay), "
+                                        "in the active artifact's root: baked in, restored with every pod",
+                                        "none needed; what vLLM compiles on top is lost with the pod"))
+            else:
+                findings.append(Finding(severity, "cache-location", var, f"{where} is on {meaning}, so vLLM "
+                                        "compiles from cold on every new pod", FIX_VOLUME.format(var=var)))
+        elif kind == "tmpfs":
+            findings.append(Finding(WARNING, "cache-location", var, f"{where} is on {meaning}",
+                                    f"use a disk-backed emptyDir or a hostPath for {var}, or raise the "
+                                    "memory limit by the cache's size"))
+        elif kind == "emptydir":
+            if in_root:
+                findings.append(Finding(INFO, "cache-location", var, f"{where} is on {meaning}; the init "
+                                        "container fills it at each pod start",
+                                        "a hostPath shared by the node's pods makes later fetches no-ops"))
+            else:
+                findings.append(Finding(WARNING, "cache-location", var, f"{where} is on {meaning}, and no "
+                                        "warmer artifact is active there: each new pod compiles from cold",
+                                        "fill it with `warmer fetch` in an init container "
+                                        "(manifests/k8s/), or use a hostPath"))
+        elif kind == "network":
+            findings.append(Finding(WARNING, "cache-location", var, f"{where} is on {meaning}",
+                                    "keep caches on node-local disk (a hostPath) and fill it with "
+                                    "`warmer fetch`; share artifacts through the store, not the filesystem"))
+    return rows, findings
+
+
+def _writable(path: str, mounts, resolve, can_write) -> tuple[bool | None, str]:
+    """Whether path (or, when absent, the directory that would hold it) can be written."""
+    real = resolve(path)
+    m = mount_of(real, mounts)
+    if m and m.read_only:
+        return False, f"the mount {m.mount_point} is read-only"
+    if can_write is None:
+        return None, ""
+    ok = can_write(real)
+    return ok, "" if ok else "this user may not write there"
+
+
+def _flashinfer(env, mounts, resolve, can_write, installed: bool) -> list[Finding]:
+    home = env.get("HOME") or os.path.expanduser("~")
+    xdg = env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
+    workspace = os.path.join(env.get("FLASHINFER_WORKSPACE_BASE") or home, components.flashinfer.CACHE)
+    dirs = [("FLASHINFER_WORKSPACE_BASE", workspace, ERROR if installed else WARNING,
+             "FlashInfer writes flashinfer_jit.log there at import and takes its JIT locks in cached_ops/tmp: "
+             "its import fails")]
+    for var, default, why in (
+            ("FLASHINFER_CUBIN_DIR", None, "kernel cubins are downloaded there on first use"),
+            ("FLASHINFER_AUTOTUNE_CACHE_DIR", None, "autotune results are saved there"),
+            ("B12X_COMPILE_CACHE_DIR", os.path.join(xdg, "b12x", "compile"), "the b12x MoE kernels compile there"),
+            ("FLASHINFER_MOE_EP_KNOB_CACHE", os.path.join(home, ".cache", "flashinfer"),
+             "the MoE-EP knob cache is written there (it ignores FLASHINFER_WORKSPACE_BASE)")):
+        path = env.get(var) or default
+        if var == "FLASHINFER_MOE_EP_KNOB_CACHE" and env.get(var):
+            if env[var].lower() in ("0", "off"):
+                continue
+            path = os.path.dirname(env[var])
+        if path:
+            dirs.append((var, path, WARNING, why))
+    out = []
+    for var, path, severity, why in dirs:
+        ok, reason = _writable(path, mounts, resolve, can_write)
+        if ok is False:
+            out.append(Finding(severity, "flashinfer-writable", var, f"{path} is not writable ({reason}): {why}",
+                               f"set {var} to a writable directory (warmer's env puts it under the root)"))
+    return out
+
+
+def _per_pod_env(env: dict[str, str], hostnames: set[str]) -> list[Finding]:
+    out = []
+    hostnames = {h for h in hostnames if h and len(h) > 2}
+
+    def per_pod(value: str) -> str | None:
+        if any(h in value for h in hostnames):
+            return f"{value!r} holds this pod's hostname"
+        if compat.VOLATILE_VALUE.search(value) and not compat.LOOPBACK.match(value.strip()):
+            return f"{value!r} holds an IP address or a unique id"
+        return None
+
+    for name, value in sorted(env.items()):
+        if name in IGNORED_BY_VLLM and name not in HASHED_BEFORE:
+            continue
+        pod = per_pod(value)
+        if name in HASHED_PER_HOST:
+            if pod:
+                out.append(Finding(ERROR, "per-pod-env", name, f"{name}={pod}; vLLM hashes {name} into its "
+                                   "compile key, so every pod gets its own key and never hits the cache",
+                                   f"unset {name}, or give it the same value on every pod and at build time "
+                                   "(the recipe's [env])"))
+            else:
+                out.append(Finding(WARNING, "per-pod-env", name, f"{name} is set and vLLM hashes it into its "
+                                   f"compile key: {HASHED_PER_HOST[name]}",
+                                   f"build with the same {name} (the recipe's [env]), or unset it"))
+        elif name in HASHED_BEFORE and pod:
+            out.append(Finding(WARNING, "per-pod-env", name, f"{name}={pod}: {HASHED_BEFORE[name]}",
+                               "with an older vLLM, set it to a stable value (or unset it) and use "
+                               "VLLM_HOST_IP, which vLLM does not hash"))
+        elif name.startswith("VLLM_") and pod:
+            out.append(Finding(WARNING, "per-pod-env", name, f"{name}={pod}; vLLM hashes every VLLM_* "
+                               "variable outside its ignore list into its compile key",
+                               f"check that your vLLM ignores {name} (vllm/envs.py compile_factors), "
+                               "or give it the same value on every pod"))
+    return out
+
+
+def _recipe_of(doc: dict) -> Recipe:
+    """The recipe an artifact was built from, rebuilt from its identity."""
+    ident = doc["recipe"]["identity"]
+    model = ({"path": ident["model"]} if str(ident["model"]).startswith("/")
+             else {"id": ident["model_id"], "revision": ident["revision"]})
+    return parse({"name": ident["name"], "model": model, "engine": ident["engine"], "env": ident["env"],
+                  "workload": ident["workload"]}, Path(f"<artifact {doc['key'][:16]}>"))
+
+
+def _artifact(env, root: Path, marker: dict | None, recipe: Recipe | None, node: Callable[[], dict] | None,
+              exists: Callable[[str], bool] | None) -> list[Finding]:
+    if root.is_symlink():
+        return [Finding(ERROR, "artifact", str(root), f"the root {root} is a symlink",
+                        f"use the real path {os.path.realpath(root)}: FlashInfer's ninja rebuilds what it "
+                        "reaches through a link")]
+    if not marker:
+        return [Finding(WARNING, "artifact", str(root), f"no warmer artifact is active in {root}: vLLM "
+                        "compiles from cold (the fetch missed, or never ran)",
+                        "see the init container's log (kubectl logs POD -c warmer-fetch) or run "
+                        "`warmer explain RECIPE --store URL` on this node")]
+    doc = marker["artifact"]
+    out = [Finding(INFO, "artifact", str(root), f"artifact {doc['key'][:16]} of recipe {doc['recipe']['name']} "
+                   f"is active (restored {marker.get('restored_at', '?')})", "none")]
+    # Is it in use: the env vLLM starts with must point every cache into the root.
+    for var, want in components.cache_env(root).items():
+        have = env.get(var)
+        if have != want:
+            out.append(Finding(ERROR, "artifact", var, f"{var} is {have!r}, not {want}: vLLM will not use "
+                               "the restored cache", "start vLLM with the env file `warmer fetch --env-file` "
+                               "wrote: set -a; . FILE; set +a; exec vllm serve ..."))
+    built_env = doc["recipe"]["identity"].get("env") or {}
+    for var, want in sorted(built_env.items()):
+        if env.get(var) != want and var not in compat.volatile_env(built_env):
+            out.append(Finding(ERROR, "artifact", var, f"{var} is {env.get(var)!r} here and was {want!r} at "
+                               "build time: vLLM hashes its env, so the cache will miss",
+                               f"start vLLM with the env file warmer wrote (it sets {var})"))
+    served = recipe or _recipe_of(doc)
+    for w in fetch.contract_warnings(doc, root, served):
+        out.append(Finding(WARNING, "path-contract", str(root), w,
+                           f"serve from the build's paths ({doc['path_contract']['root']}, model "
+                           f"{doc['path_contract']['model']}), or build an artifact at these paths"))
+    model = doc["path_contract"]["model"]
+    if recipe is None and exists and model.startswith("/") and not exists(model):
+        out.append(Finding(WARNING, "path-contract", model, f"the artifact was built for the model at {model}, "
+                           "which does not exist here: vLLM keys its compile cache on that path",
+                           f"serve the model from {model}"))
+    if node:
+        here = node()
+        bad = [d for d in compat.check(doc["fingerprint"], here, doc["recipe"]["identity"]) if not d.ok]
+        if bad:
+            out.append(Finding(ERROR, "fit", str(root), "the active artifact does not fit this node: "
+                               + "; ".join(f"{d.field}: {d.reason}" for d in bad),
+                               "replace it with `warmer fetch` (it restores only what fits), or build one "
+                               "on this GPU type"))
+    return out
+
+
+def diagnose(env: dict[str, str], mountinfo: str, *, root: Path | None = None, recipe: Recipe | None = None,
+             resolve: Callable[[str], str] = os.path.normpath, can_write: Callable[[str], bool] | None = None,
+             exists: Callable[[str], bool] | None = None, node: Callable[[], dict] | None = None,
+             user: str = "root", hostnames: set[str] = frozenset(), flashinfer_installed: bool = True) -> dict:
+    """Every check on the given inputs. resolve maps a path to the one mountinfo shows (realpath
+    on this machine, normpath for a sample); can_write and exists probe this machine (None: only
+    mountinfo's read-only flags count); node returns this node's fingerprint."""
+    mounts = parse_mountinfo(mountinfo)
+    root = Path(os.path.abspath(root)) if root else _find_root(env, resolve)
+    marker = restore.active(root) if root else None
+    rows, findings = _locations(env, mounts, resolve, user, root, marker)
+    findings += _flashinfer(env, mounts, resolve, can_write, flashinfer_installed)
+    findings += _per_pod_env(env, set(hostnames) | {env.get("HOSTNAME", "")})
+    if root:
+        findings += _artifact(env, root, marker, recipe, node, exists)
+    order = {ERROR: 0, WARNING: 1, INFO: 2}
+    findings.sort(key=lambda f: order[f.severity])
+    counts = {s: sum(f.severity == s for f in findings) for s in (ERROR, WARNING, INFO)}
+    return {"root": str(root) if root else None, "locations": rows, "findings": [asdict(f) for f in findings],
+            "counts": counts, "ok": counts[ERROR] == 0}
+
+
+def _can_write(path: str) -> bool:
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return os.access(p, os.W_OK)
+
+
+def check(*, root: str | None = None, recipe: Recipe | None = None, env_file: str | None = None,
+          pid: int | None = None, mountinfo_file: str | None = None) -> dict:
+    """diagnose() on this machine: the env of this process (or of pid), plus env_file on top (what
+    vLLM starts with), and /proc/self/mountinfo unless a saved one is given."""
+    env = dict(os.environ)
+    if pid is not None:
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError as e:
+            raise OSError(e.errno, f"cannot read the env of process {pid} ({e.strerror}): run doctor as "
+                          "its user, or pass --env-file") from None
+        env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+    if env_file:
+        env.update(read_env_file(Path(env_file).read_text()))
+    sample = mountinfo_file is not None
+    text = Path(mountinfo_file or "/proc/self/mountinfo").read_text()
+    model = recipe.model if recipe else None
+    return diagnose(env, text, root=Path(root) if root else None, recipe=recipe,
+                    # A saved mountinfo comes from elsewhere: this machine's symlinks and
+                    # permissions say nothing about it.
+                    resolve=os.path.normpath if sample else os.path.realpath,
+                    can_write=None if sample else _can_write, exists=None if sample else os.path.exists,
+                    node=None if sample else (lambda: fingerprint.probe(root=root, model=model)),
+                    user=env.get("USER") or env.get("LOGNAME") or getpass.getuser(),
+                    hostnames={socket.gethostname()} if not sample else set(),
+                    flashinfer_installed=sample or importlib.util.find_spec("flashinfer") is not None)
+
+
+def render(result: dict) -> str:
+    lines = ["cache locations:"]
+    for r in result["locations"]:
+        where = f"{r['fstype']} on {r['mount_point']}" if r["mount_point"] else "?"
+        lines.append(f"  {r['var']:<30}{r['path']}{' (default)' if r['default'] else ''}  [{r['kind']}: {where}"
+                     f"{', read-only' if r['read_only'] else ''}]")
+    if result["root"]:
+        lines.append(f"root: {result['root']}")
+    for f in result["findings"]:
+        lines.append(f"{f['severity'].upper():<8}{f['check']}: {f['what']}")
+        if f["fix"] != "none":
+            lines.append(f"{'':<8}fix: {f['fix']}")
+    c = result["counts"]
+    lines.append(f"{c[ERROR]} error(s), {c[WARNING]} warning(s), {c[INFO]} note(s)")
+    return "\n".join(lines)
+
+
+__all__ = ["Mount", "Finding", "parse_mountinfo", "mount_of", "classify", "read_env_file", "diagnose", "check",
+           "render"]

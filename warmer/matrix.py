@@ -1,0 +1,203 @@
+"""What CI needs: the recipe × SKU matrix (one build job per recipe and GPU SKU) and a build's
+Markdown step summary.
+
+The SKU catalogue (manifests/skus.toml) says where each SKU named in a recipe's `targets` runs:
+the GitHub runner labels, the Kubernetes node labels and the image. Recipes are read as TOML
+only (name, targets, engine): planning must not need the model, its env or a GPU.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from warmer import compat
+from warmer.recipe import NAME_RE
+
+CATALOGUE = "skus.toml"
+DEFAULT_ROOT_BASE = "/cache"
+
+
+class MatrixError(Exception):
+    """The recipes or the SKU catalogue cannot make a matrix; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class Sku:
+    name: str
+    runs_on: list[str]
+    node_selector: dict[str, str]
+    image: str
+    gpu_name: str | None = None
+    compute_capability: str | None = None
+    uncertain: bool = False
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, str) and v for v in value)
+
+
+def load_skus(path: str | Path) -> dict[str, Sku]:
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise MatrixError(f"no SKU catalogue at {path}: copy manifests/skus.toml from warmer "
+                          "next to your recipes, or pass --skus FILE") from None
+    except tomllib.TOMLDecodeError as e:
+        raise MatrixError(f"{path}: not valid TOML: {e}") from e
+    defaults = doc.get("defaults", {})
+    skus = {}
+    for name, t in doc.get("sku", {}).items():
+        where = f"{path}: [sku.{name}]"
+        if not NAME_RE.match(name):
+            raise MatrixError(f"{where}: a SKU name is lower-case letters, digits, '.', '_' or '-'")
+        if not isinstance(t, dict):
+            raise MatrixError(f"{where} must be a table")
+        if not _strings(t.get("runs_on")):
+            raise MatrixError(f"{where}: runs_on must be a non-empty list of runner labels, "
+                              'e.g. ["self-hosted", "gpu-h200"]')
+        selector = t.get("node_selector")
+        if not isinstance(selector, dict) or not selector or not all(
+                isinstance(k, str) and isinstance(v, str) and v for k, v in selector.items()):
+            raise MatrixError(f"{where}: node_selector must be a table of node labels, "
+                              'e.g. { "nvidia.com/gpu.product" = "NVIDIA-H200" }')
+        image = t.get("image", defaults.get("image"))
+        if not isinstance(image, str) or not image:
+            raise MatrixError(f"{where}: no image: set image there or in [defaults]")
+        gpu_name = t.get("gpu_name")
+        if gpu_name is not None and not isinstance(gpu_name, str):
+            raise MatrixError(f"{where}: gpu_name must be the name nvidia-smi reports, e.g. \"NVIDIA H200\"")
+        skus[name] = Sku(name=name, runs_on=list(t["runs_on"]), node_selector=dict(selector), image=image,
+                         gpu_name=gpu_name, compute_capability=t.get("compute_capability"),
+                         uncertain=bool(t.get("uncertain", False)))
+    if not skus:
+        raise MatrixError(f"{path} lists no SKUs: add [sku.NAME] tables")
+    return skus
+
+
+def find_catalogue(paths: list[Path]) -> Path:
+    """skus.toml in the first directory given, or beside the directory a recipe file lives in."""
+    for p in paths:
+        base = p if p.is_dir() else p.parent
+        for d in (base, base.parent):
+            if (d / CATALOGUE).is_file():
+                return d / CATALOGUE
+    raise MatrixError(f"no {CATALOGUE} found in or above {', '.join(map(str, paths))}: copy "
+                      "manifests/skus.toml from warmer beside your recipes, or pass --skus FILE")
+
+
+def recipe_files(paths: list[Path]) -> list[Path]:
+    """Recipe files: those given, and in a directory its models/*.toml (or its own *.toml)."""
+    out = []
+    for p in paths:
+        if p.is_dir():
+            found = sorted((p / "models").glob("*.toml")) if (p / "models").is_dir() else \
+                sorted(f for f in p.glob("*.toml") if f.name != CATALOGUE)
+            if not found:
+                raise MatrixError(f"{p} holds no recipes (models/*.toml or *.toml)")
+            out += found
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise MatrixError(f"{p} does not exist: pass the manifests directory or recipe files")
+    return out
+
+
+def entries(paths: list[Path], skus: dict[str, Sku], catalogue: Path, *, only: list[str] | None = None,
+            root_base: str = DEFAULT_ROOT_BASE) -> tuple[list[dict], list[str]]:
+    """One entry per recipe and target SKU; and the recipes skipped because they target none."""
+    if only:
+        unknown = sorted(set(only) - set(skus))
+        if unknown:
+            raise MatrixError(f"--sku {', '.join(unknown)}: not in {catalogue} (known: {', '.join(sorted(skus))})")
+    out, skipped, seen = [], [], {}
+    for f in recipe_files(paths):
+        try:
+            doc = tomllib.loads(f.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise MatrixError(f"{f}: not valid TOML: {e}") from e
+        name, targets = doc.get("name"), doc.get("targets", [])
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise MatrixError(f"{f}: name must be lower-case letters, digits, '.', '_' or '-', got {name!r}")
+        if name in seen:
+            raise MatrixError(f"{f} and {seen[name]} are both named {name!r}: recipe names must be unique")
+        seen[name] = f
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise MatrixError(f"{f}: targets must be a list of SKU names, e.g. [\"h200\"]")
+        if not targets:
+            skipped.append(f"{f}: no targets")
+            continue
+        engine = doc.get("engine", {})
+        if not isinstance(engine, dict):
+            raise MatrixError(f"{f}: [engine] must be a table of vLLM engine args")
+        # The build must see as many GPUs as a serving pod: the fingerprint counts them.
+        gpus = compat.gpus_needed({"engine": engine})
+        for t in dict.fromkeys(targets):
+            sku = skus.get(t)
+            if sku is None:
+                raise MatrixError(f"{f} targets SKU {t!r}, which {catalogue} does not list: add a [sku.{t}] "
+                                  f"table there (gpu_name, runs_on, node_selector) or fix the name "
+                                  f"(known: {', '.join(sorted(skus))})")
+            if only and t not in only:
+                continue
+            out.append({"name": name, "sku": t, "recipe": f.as_posix(), "root": f"{root_base.rstrip('/')}/{name}",
+                        "runs_on": sku.runs_on, "node_selector": sku.node_selector, "image": sku.image,
+                        "gpu_name": sku.gpu_name, "gpus": gpus if sku.gpu_name else 0})
+    return out, skipped
+
+
+def github(matrix: list[dict]) -> dict:
+    """GitHub Actions' strategy.matrix: {"include": [...]}. An empty include fails the workflow
+    with an unclear message, so say it here."""
+    if not matrix:
+        raise MatrixError("no recipe targets a SKU (after filtering): nothing to build; add "
+                          "targets = [\"h200\", ...] to a recipe")
+    return {"include": matrix}
+
+
+def _s(v) -> str:
+    return f"{v:.1f} s" if isinstance(v, (int, float)) else "-"
+
+
+def _mb(n) -> str:
+    return f"{n / 1e6:.1f} MB" if isinstance(n, (int, float)) else "-"
+
+
+# (label, key in the timings) rows of the summary: the phases a cold start pays for.
+SUMMARY_ROWS = (("engine start (LLM() to ready)", "engine_init_s"), ("vLLM init engine", "init_engine_s"),
+                ("torch.compile", "torch_compile_s"), ("process, start to exit", "process_s"))
+
+
+def step_summary(result: dict | None, *, recipe: str, error: str | None = None) -> str:
+    """Markdown for $GITHUB_STEP_SUMMARY: cold and restored times, artifact size, verify result."""
+    r = result or {}
+    status = "failed" if error else r.get("status", "-")
+    lines = [f"### warmer build: `{recipe}` — {status}", ""]
+    if error:
+        lines += [f"> {error}", ""]
+    if r.get("status") == "already-published" and "verify" not in r:
+        lines.append(f"Already published in `{r.get('store')}` (key `{r.get('key', '')[:16]}`): nothing built.")
+        return "\n".join(lines) + "\n"
+    if not r:
+        return "\n".join(lines) + "\n"
+    v = r.get("verify") or {}
+    files = v.get("files") or {}
+    lines += ["| | |", "|---|---|",
+              f"| key | `{r.get('key', '')[:16]}` |",
+              f"| artifact | {r.get('files', '-')} files, {_mb(r.get('bytes'))} packed to "
+              f"{_mb(r.get('archive_bytes'))} |",
+              f"| verify | **{v.get('verdict', '-')}**, {files.get('recompiled_files', '-')} recompiled file(s) |"]
+    if r.get("restore"):
+        lines.append(f"| restore | {_s(r['restore'].get('seconds'))} |")
+    if r.get("publish"):
+        p = r["publish"]
+        lines.append(f"| publish | {p['status']} to `{p['store']}` |")
+    cold, restored = r.get("cold") or {}, v.get("restored") or {}
+    rows = [(label, cold.get(k), restored.get(k)) for label, k in SUMMARY_ROWS
+            if cold.get(k) is not None or restored.get(k) is not None]
+    if rows:
+        lines += ["", "| phase | cold | restored |", "|---|---:|---:|"]
+        lines += [f"| {label} | {_s(c)} | {_s(w)} |" for label, c, w in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,272 @@
+"""A store in S3 or an S3-compatible service (MinIO, Ceph RGW, R2, GCS interop), through boto3.
+
+    s3://bucket[/prefix]   the same layout as the file store, under prefix
+
+The endpoint is boto3's own (AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, the config file) unless
+endpoint_url is given; credentials come only from boto3's default chain and are never printed.
+Blobs go up with boto3's transfer manager (multipart, parallel, with botocore's per-part
+checksums); index entries with a conditional put (If-None-Match: *), so the first publisher
+wins and an entry never changes. Reading one artifact costs a GET of its index entry, a HEAD of
+its blob and the blob's ranged GETs, however many artifacts the bucket holds.
+
+boto3 is imported here only, when an s3:// store is opened: file stores never pay for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import tempfile
+import time
+from contextlib import contextmanager
+from typing import BinaryIO
+
+from warmer.store import (Blob, BlobCorrupt, BlobMissing, StoreError, blob_path, index_path, parse_blob_path,
+                          parse_index_path)
+from warmer.store.progress import Progress
+
+MiB = 1 << 20
+ADDRESSING_ENV = "WARMER_S3_ADDRESSING_STYLE"
+# Throttling (503 SlowDown), 500s, resets and timeouts are retried by botocore's standard mode
+# with backoff, 8 attempts in all unless AWS_MAX_ATTEMPTS (or AWS_RETRY_MODE) says otherwise; a
+# body cut short mid-stream, by s3transfer (downloads) or by get_index below.
+MAX_ATTEMPTS = 8
+DOWNLOAD_ATTEMPTS = 3  # whole downloads, when the bytes do not hash to the blob's name
+CONFLICT_ATTEMPTS = 5  # S3 answers 409 to a conditional put racing another one: try again
+
+
+class S3Store:
+    def __init__(self, url: str, *, endpoint_url: str | None = None, path_style: bool | None = None,
+                 progress: bool = False, part_size: int = 16 * MiB, concurrency: int = 10):
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        bucket, _, prefix = url[len("s3://"):].partition("/")
+        if not bucket:
+            raise StoreError(f"store {url!r} names no bucket: use s3://bucket or s3://bucket/prefix")
+        prefix = prefix.strip("/")
+        self.bucket, self.prefix = bucket, f"{prefix}/" if prefix else ""
+        self.url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        self.progress = progress
+
+        style = "path" if path_style else os.environ.get(ADDRESSING_ENV) or None
+        if style not in (None, "auto", "virtual", "path"):
+            raise StoreError(f"{ADDRESSING_ENV}={style!r}: use path, virtual or auto")
+        retries = {} if "AWS_MAX_ATTEMPTS" in os.environ else {"total_max_attempts": MAX_ATTEMPTS}
+        config = Config(retries=retries,
+                        connect_timeout=10, read_timeout=60, max_pool_connections=concurrency + 4,
+                        s3={"addressing_style": style} if style else None)
+        self._client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        self._transfer = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size,
+                                        max_concurrency=concurrency, num_download_attempts=5)
+
+    # -- errors -------------------------------------------------------------------------------
+
+    def _endpoint(self) -> str:
+        return self._client.meta.endpoint_url
+
+    def _message(self, e: Exception, action: str, key: str) -> StoreError:
+        """One line that names the problem and the fix; never a credential."""
+        from boto3.exceptions import S3UploadFailedError
+        from botocore.exceptions import (ClientError, EndpointConnectionError, NoCredentialsError,
+                                         PartialCredentialsError)
+
+        if isinstance(e, S3UploadFailedError) and isinstance(e.__cause__, ClientError):
+            e = e.__cause__
+        where = f"s3://{self.bucket}/{key}"
+        if isinstance(e, (NoCredentialsError, PartialCredentialsError)):
+            return StoreError(f"no usable AWS credentials for {self.url}: boto3 looks in AWS_ACCESS_KEY_ID and "
+                              "AWS_SECRET_ACCESS_KEY, AWS_PROFILE and ~/.aws, web identity, and the instance or "
+                              "pod role; configure one of them")
+        if isinstance(e, EndpointConnectionError):
+            return StoreError(f"cannot reach the S3 endpoint {self._endpoint()}: check --endpoint-url or "
+                              "AWS_ENDPOINT_URL and the network")
+        if isinstance(e, ClientError):
+            err = e.response.get("Error", {})
+            code, status = err.get("Code", "?"), e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code == "NoSuchBucket":
+                return StoreError(f"bucket {self.bucket} does not exist at {self._endpoint()}: create it, or fix "
+                                  "the store URL or the endpoint")
+            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
+                return StoreError(f"{self._endpoint()} rejected the credentials boto3 found ({code}): check "
+                                  "AWS_PROFILE or AWS_ACCESS_KEY_ID and the secret that goes with it")
+            if code in ("AccessDenied", "AllAccessDisabled", "403") or status == 403:
+                hint = (" (S3 also answers 403 for a missing object when s3:ListBucket is not granted)"
+                        if action == "read" else "")
+                return StoreError(f"access denied to {action} {where}{hint}: grant the credentials boto3 found "
+                                  "s3:GetObject, s3:ListBucket, and to publishers s3:PutObject (gc: "
+                                  "s3:DeleteObject) on the bucket and prefix")
+            if code == "NotImplemented" or status == 501:
+                return StoreError(f"{self._endpoint()} does not implement what {action} {where} needs ({code}): "
+                                  "warmer needs S3 conditional writes (If-None-Match) to publish safely; "
+                                  "upgrade the store")
+            tries = e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) + 1
+            after = f" after {tries} attempts" if tries > 1 else ""
+            return StoreError(f"{action} {where} failed: {code} {err.get('Message', '')}".rstrip() + after)
+        return StoreError(f"{action} {where} failed after retries: {e}")
+
+    @contextmanager
+    def _errors(self, action: str, key: str):
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import BotoCoreError, ClientError
+        from s3transfer import exceptions as transfer
+
+        try:
+            yield
+        except (BotoCoreError, ClientError, Boto3Error, transfer.RetriesExceededError,
+                transfer.S3UploadFailedError, transfer.S3DownloadFailedError) as e:
+            raise self._message(e, action, key) from None
+
+    @staticmethod
+    def _code(e) -> tuple[str, int | None]:
+        return (e.response.get("Error", {}).get("Code", ""),
+                e.response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+
+    # -- blobs --------------------------------------------------------------------------------
+
+    def has_blob(self, sha256: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        key = self.prefix + blob_path(sha256)
+        with self._errors("read", key):
+            try:
+                self._client.head_object(Bucket=self.bucket, Key=key)
+                return True
+            except ClientError as e:
+                if self._code(e)[1] == 404:  # a HEAD has no body: a missing bucket looks the same
+                    return False
+                raise
+
+    def put_blob(self, path: str, sha256: str) -> bool:
+        """Upload unless the blob is there already: a blob's name is its content."""
+        if self.has_blob(sha256):
+            return False
+        key = self.prefix + blob_path(sha256)
+        bar = Progress(f"upload {sha256[:12]}", os.path.getsize(path)) if self.progress else None
+        try:
+            with self._errors("upload", key):
+                self._client.upload_file(path, self.bucket, key, Config=self._transfer, Callback=bar,
+                                         ExtraArgs={"ContentType": "application/zstd"})
+        finally:
+            if bar:
+                bar.close()
+        return True
+
+    def open_blob(self, sha256: str, spool_dir: str | os.PathLike | None = None) -> BinaryIO:
+        """Download into an anonymous spool file (in spool_dir) and return it, read from the start.
+
+        Parallel ranged GETs land out of order, so the digest is checked once the file is whole;
+        bytes that do not hash to the blob's name are downloaded again, then refused.
+        """
+        from botocore.exceptions import ClientError
+
+        key = self.prefix + blob_path(sha256)
+        got = ""
+        for _ in range(DOWNLOAD_ATTEMPTS):
+            spool = tempfile.TemporaryFile(dir=spool_dir, prefix=".warmer-blob-")
+            bar = Progress(f"download {sha256[:12]}") if self.progress else None
+            try:
+                with self._errors("read", key):
+                    try:
+                        self._download(key, spool, bar)
+                    except ClientError as e:
+                        if self._code(e) == ("404", 404):
+                            raise BlobMissing(f"blob {sha256} is missing from {self.url}: the store is "
+                                              "damaged; publish the artifact again") from None
+                        raise
+                spool.seek(0)
+                got = hashlib.file_digest(spool, "sha256").hexdigest()
+                if got == sha256:
+                    spool.seek(0)
+                    return spool
+            except BaseException:
+                spool.close()
+                raise
+            finally:
+                if bar:
+                    bar.close()
+            spool.close()
+        raise BlobCorrupt(f"blob {sha256} from {self.url} hashed to {got} on each of {DOWNLOAD_ATTEMPTS} "
+                          "downloads: corrupt in the store or altered on the way; not used")
+
+    def _download(self, key: str, out: BinaryIO, bar: Progress | None) -> None:
+        """boto3's download_fileobj, with a subscriber that also tells the bar the object's size."""
+        from boto3.s3.transfer import create_transfer_manager
+        from s3transfer.subscribers import BaseSubscriber
+
+        class Bar(BaseSubscriber):
+            def on_progress(self, future, bytes_transferred, **kwargs):
+                bar.total = future.meta.size
+                bar(bytes_transferred)
+
+        with create_transfer_manager(self._client, self._transfer) as manager:
+            manager.download(self.bucket, key, out, subscribers=[Bar()] if bar else None).result()
+
+    def list_blobs(self) -> list[Blob]:
+        return [Blob(sha, obj["Size"], obj["LastModified"]) for rel, obj in self._list("blobs/sha256/")
+                if (sha := parse_blob_path(rel))]
+
+    def delete_blob(self, sha256: str) -> None:
+        key = self.prefix + blob_path(sha256)
+        with self._errors("delete", key):
+            self._client.delete_object(Bucket=self.bucket, Key=key)
+
+    # -- index --------------------------------------------------------------------------------
+
+    def put_index(self, recipe: str, key: str, entry: bytes) -> bool:
+        """Create the entry only if absent (If-None-Match: *); False: another publisher was first."""
+        from botocore.exceptions import ClientError
+
+        obj = self.prefix + index_path(recipe, key)
+        for attempt in range(CONFLICT_ATTEMPTS):
+            with self._errors("publish", obj):
+                try:
+                    self._client.put_object(Bucket=self.bucket, Key=obj, Body=entry, IfNoneMatch="*",
+                                            ContentType="application/json")
+                    return True
+                except ClientError as e:
+                    code, status = self._code(e)
+                    if code == "PreconditionFailed" or status == 412:
+                        # Also what a retry sees when an earlier attempt of ours landed and its
+                        # answer was lost: the entry is then ours, byte for byte.
+                        retried = e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0
+                        return retried and self.get_index(recipe, key) == entry
+                    if code != "ConditionalRequestConflict" and status != 409:
+                        raise
+            time.sleep(random.uniform(0, 0.1 * 2 ** attempt))
+        raise StoreError(f"publish s3://{self.bucket}/{obj}: still conflicting with another publisher after "
+                         f"{CONFLICT_ATTEMPTS} tries; publish again")
+
+    def get_index(self, recipe: str, key: str) -> bytes | None:
+        from botocore.exceptions import ClientError, IncompleteReadError, ResponseStreamingError
+
+        obj = self.prefix + index_path(recipe, key)
+        with self._errors("read", obj):
+            for attempt in range(1, 4):
+                try:
+                    return self._client.get_object(Bucket=self.bucket, Key=obj)["Body"].read()
+                except ClientError as e:
+                    if self._code(e)[0] == "NoSuchKey":
+                        return None
+                    raise
+                except (IncompleteReadError, ResponseStreamingError):
+                    if attempt == 3:  # the body was cut short every time
+                        raise
+
+    def list_index(self, recipe: str | None = None) -> list[tuple[str, str]]:
+        under = f"index/{recipe}/" if recipe else "index/"
+        return sorted(rk for rel, _ in self._list(under) if (rk := parse_index_path(rel)))
+
+    def delete_index(self, recipe: str, key: str) -> None:
+        obj = self.prefix + index_path(recipe, key)
+        with self._errors("delete", obj):
+            self._client.delete_object(Bucket=self.bucket, Key=obj)
+
+    def _list(self, under: str):
+        """(path relative to the prefix, object summary) of every object under prefix/under."""
+        with self._errors("list", self.prefix + under):
+            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                          Prefix=self.prefix + under)
+            return [(obj["Key"][len(self.prefix):], obj) for page in pages for obj in page.get("Contents", [])]
