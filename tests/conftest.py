@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from warmer.recipe import parse
+from warmer.recipe import Recipe, parse
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,11 +35,30 @@ def make_cache_tree(root: Path) -> dict[str, bytes]:
     return files
 
 
-def tiny_recipe(model_path: str = "/models/tiny", **engine) -> "Recipe":  # noqa: F821
-    doc = {"name": "tiny", "model": {"path": model_path},
-           "engine": {"max_model_len": 128, **engine}, "env": {"VLLM_USE_AOT_COMPILE": "0"},
-           "workload": {"prompt_lengths": [8], "batch_sizes": [1], "max_tokens": 4}}
-    return parse(doc, Path("tiny.toml"))
+def _tiny_doc(model_path: str, engine: dict) -> dict:
+    return {"name": "tiny", "model": {"path": model_path},
+            "engine": {"max_model_len": 128, **engine}, "env": {"VLLM_USE_AOT_COMPILE": "0"},
+            "workload": {"prompt_lengths": [8], "batch_sizes": [1], "max_tokens": 4}}
+
+
+def tiny_recipe(model_path: str = "/models/tiny", **engine) -> Recipe:
+    return parse(_tiny_doc(model_path, engine), Path("tiny.toml"))
+
+
+def write_tiny_recipe(path: Path, model_path: str = "/models/tiny", **engine) -> Path:
+    """The same recipe as tiny_recipe(), as a TOML file for the CLI."""
+    doc = _tiny_doc(model_path, engine)
+    lines = [f"name = {json.dumps(doc['name'])}"]
+    for table in ("model", "engine", "env", "workload"):
+        lines += [f"[{table}]"] + [f"{k} = {json.dumps(v)}" for k, v in doc[table].items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_warmer(*args, **kw) -> subprocess.CompletedProcess:
+    """The CLI in a fresh process, as users run it."""
+    kw.setdefault("cwd", REPO)
+    return subprocess.run([sys.executable, "-m", "warmer", *map(str, args)], capture_output=True, text=True, **kw)
 
 
 @pytest.fixture

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import shutil
+import stat
 import tarfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
@@ -60,12 +63,26 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def _member_header(name: str, size: int, mode: int, mtime_ns: int) -> bytes:
+    mtime = mtime_ns // 1_000_000_000
+    if len(name) <= 100 and name.isascii() and 0 <= size < 8 ** 11 and 0 <= mtime < 8 ** 11:
+        # The ustar block tarfile writes when no pax record is needed, byte for byte, without
+        # its per-member cost (tens of microseconds, thousands of members).
+        block = bytearray(_USTAR_TEMPLATE)
+        block[0:len(name)] = name.encode("ascii")
+        block[100:148] = b"%07o\0%s%011o\0%011o\0" % (mode & MODE_MASK, b"0000000\0" * 2, size, mtime)
+        block[148:155] = b"%06o\0" % sum(block)
+        return bytes(block)
     info = tarfile.TarInfo(name)
     info.size = size
     info.mode = mode & MODE_MASK
-    info.mtime = mtime_ns // 1_000_000_000
+    info.mtime = mtime
     info.type = tarfile.REGTYPE
     return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+
+
+# A regular file's ustar header with the checksum field blank (spaces) and no name, mode,
+# ids, size or mtime yet: the fields _member_header fills in.
+_USTAR_TEMPLATE = bytes(148) + b" " * 8 + tarfile.REGTYPE + bytes(100) + tarfile.POSIX_MAGIC + bytes(BLOCK - 265)
 
 
 def _padding(size: int) -> bytes:
@@ -75,24 +92,26 @@ def _padding(size: int) -> bytes:
 def pack_body(root: Path, relpaths: Iterable[str], out: BinaryIO, level: int = 3) -> list[FileEntry]:
     """Write the files as tar members in one zstd frame; return their manifest entries.
 
-    Digests are computed from the very bytes that go into the archive, in the same pass.
+    Digests are computed from the very bytes that go into the archive, in the same pass, while
+    zstd's worker threads compress the bytes written before.
     """
     entries = []
     cctx = zstandard.ZstdCompressor(level=level, threads=-1, write_checksum=True)
+    buf = memoryview(bytearray(CHUNK))  # the compressor copies what it is given: one buffer will do
     with cctx.stream_writer(out, closefd=False) as w:
         for rel in relpaths:
-            path = root / rel
+            path = os.path.join(root, rel)
             st = os.lstat(path)
-            if not os.path.isfile(path) or os.path.islink(path):
+            if not stat.S_ISREG(st.st_mode):
                 raise ArchiveError(f"{rel}: not a regular file; only regular files are packed")
             w.write(_member_header(rel, st.st_size, st.st_mode, st.st_mtime_ns))
             h = hashlib.sha256()
             n = 0
-            with open(path, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    h.update(chunk)
-                    w.write(chunk)
-                    n += len(chunk)
+            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb", buffering=0) as f:
+                while k := f.readinto(buf):
+                    h.update(buf[:k])
+                    w.write(buf[:k])
+                    n += k
             if n != st.st_size:
                 raise ArchiveError(f"{rel}: changed while it was packed ({st.st_size} -> {n} bytes); "
                                    "pack only after the warm-up process has exited")
@@ -220,39 +239,214 @@ class Extracted:
     archive_bytes: int
 
 
+_ZERO_BLOCK = bytes(BLOCK)
+_KINDS = {tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink", tarfile.CHRTYPE: "character device",
+          tarfile.BLKTYPE: "block device", tarfile.FIFOTYPE: "FIFO", tarfile.DIRTYPE: "directory",
+          tarfile.CONTTYPE: "contiguous file", tarfile.GNUTYPE_SPARSE: "sparse file",
+          tarfile.GNUTYPE_LONGNAME: "GNU long-name header", tarfile.GNUTYPE_LONGLINK: "GNU long-link header",
+          tarfile.XGLTYPE: "global pax header"}
+
+
+def _pax_records(data: bytes) -> dict[str, str]:
+    """The records of a pax extended header: "LENGTH KEY=VALUE\\n" each."""
+    out, pos = {}, 0
+    try:
+        while pos < len(data) and data[pos]:
+            space = data.index(b" ", pos)
+            end = pos + int(data[pos:space])
+            if end <= space or data[end - 1:end] != b"\n":
+                raise ValueError("bad record length")
+            key, eq, value = data[space + 1:end - 1].partition(b"=")
+            if not eq:
+                raise ValueError("record without '='")
+            out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+            pos = end
+    except ValueError as e:
+        raise ArchiveError(f"malformed pax header: {e}") from None
+    return out
+
+
+class _Inflated:
+    """The decompressed tar stream, read in big pieces: headers are cut from them and file data
+    is handed on as views, without copies. Declared sizes count against a limit before they are
+    read, so that a hostile archive cannot inflate without end (a decompression bomb)."""
+
+    def __init__(self, reader, limit: int):
+        self.reader = reader
+        self.limit = limit
+        self.total = 0
+        self.buf = memoryview(b"")
+
+    def claim(self, n: int) -> None:
+        self.total += n
+        if self.total > self.limit:
+            raise ArchiveError(f"the archive inflates past {self.limit} bytes, more than its manifest "
+                               "declares: refused (decompression bomb or corrupt archive)")
+
+    def at_end(self) -> bool:
+        if not self.buf:
+            self.buf = memoryview(self.reader.read(CHUNK))
+        return not self.buf
+
+    def piece(self, n: int) -> memoryview:
+        """At most n bytes of what comes next, at least one (claimed by the caller)."""
+        if self.at_end():
+            raise EOFError("the archive ends inside a member (truncated)")
+        got = self.buf[:n]
+        self.buf = self.buf[len(got):]
+        return got
+
+    def exact(self, n: int) -> bytes:
+        self.claim(n)
+        parts = []
+        while n:
+            p = self.piece(n)
+            parts.append(p)
+            n -= len(p)
+        return b"".join(parts)
+
+    def header(self) -> tarfile.TarInfo | None:
+        """The next member's header with its pax records applied; None at the end of the archive."""
+        pax: dict[str, str] = {}
+        while True:
+            if self.at_end() and not pax:
+                return None  # no end-of-archive blocks: as tarfile; files missing are found after
+            block = self.exact(BLOCK)
+            if block == _ZERO_BLOCK:
+                return None
+            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+            if info.type != tarfile.XHDTYPE:
+                break
+            pax.update(_pax_records(self.exact(info.size)))
+            self.exact(-info.size % BLOCK)
+        if any(k.startswith("GNU.sparse.") for k in pax):
+            raise ArchiveError(f"member {pax.get('path', info.name)!r}: a sparse file; only regular files are allowed")
+        if "path" in pax:
+            info.name = pax["path"]
+        if "size" in pax:
+            try:
+                info.size = int(pax["size"])
+            except ValueError:
+                raise ArchiveError(f"member {info.name!r}: malformed pax size {pax['size']!r}") from None
+        return info
+
+
+class _Writer:
+    """Creates and writes the files in a thread of its own: those system calls are most of a
+    restore's time, and they overlap decompressing and hashing what comes next. Holds at most
+    a few chunks; the first error stops it and is raised by the next put() or close()."""
+
+    FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+    def __init__(self, dest: Path):
+        self.dest = os.fspath(dest)
+        self.queue: queue.Queue = queue.Queue(maxsize=16)
+        self.error: BaseException | None = None
+        self.abort = False
+        self.dirs: set[str] = set()  # made here, or known to exist
+        self.thread = threading.Thread(target=self._run, name="warmer-extract-writer", daemon=True)
+        self.thread.start()
+
+    def put(self, item: tuple) -> None:
+        if self.error is not None:
+            raise self.error
+        self.queue.put(item)
+
+    def close(self, ok: bool) -> None:
+        """Wait for every write; with ok=False, drop what is left."""
+        self.abort = not ok
+        self.queue.put(None)
+        self.thread.join()
+        if ok and self.error is not None:
+            raise self.error
+
+    def _open(self, rel: str) -> int:
+        parent = rel.rpartition("/")[0]
+        if parent and parent not in self.dirs:
+            os.makedirs(os.path.join(self.dest, parent), exist_ok=True)
+            while parent and parent not in self.dirs:
+                self.dirs.add(parent)
+                parent = parent.rpartition("/")[0]
+        return os.open(os.path.join(self.dest, rel), self.FLAGS, 0o600)
+
+    @staticmethod
+    def _write(fd: int, view) -> None:
+        while view:
+            view = view[os.write(fd, view):]
+
+    @staticmethod
+    def _finish(fd: int, mode: int, mtime_ns: int) -> None:
+        os.fchmod(fd, mode)
+        os.utime(fd, ns=(mtime_ns, mtime_ns))
+
+    def _run(self) -> None:
+        fd = None
+        while (item := self.queue.get()) is not None:
+            if self.error is not None or self.abort:
+                continue  # keep taking items, so that put() never blocks
+            try:
+                op = item[0]
+                if op == "file":  # a whole file in one piece: most of them
+                    _, rel, view, mode, mtime_ns = item
+                    fd = self._open(rel)
+                    self._write(fd, view)
+                    self._finish(fd, mode, mtime_ns)
+                    os.close(fd)
+                    fd = None
+                elif op == "open":
+                    fd = self._open(item[1])
+                elif op == "data":
+                    self._write(fd, item[1])
+                else:  # "close"
+                    self._finish(fd, item[1], item[2])
+                    os.close(fd)
+                    fd = None
+            except BaseException as e:  # handed to the main thread, which raises it
+                self.error = e
+                if fd is not None:
+                    os.close(fd)
+                    fd = None
+        if fd is not None:
+            os.close(fd)
+
+
 def extract(raw: BinaryIO, dest: Path, manifest_entries: Callable[[bytes], dict[str, FileEntry]],
             max_total_bytes: int) -> Extracted:
     """Unpack into dest (a new, empty directory), refusing anything the manifest does not list.
 
     manifest_entries turns the embedded artifact.json into the expected files (and may refuse
     it). Each file is written as it streams by, hashed, and compared with the manifest; a
-    mismatch raises and leaves dest for the caller to discard.
+    mismatch raises and leaves dest for the caller to discard. Returns only once every file is
+    written and checked.
     """
-    hashing, limited, tf = _open_stream(raw)
+    hashing = _HashingReader(raw)
+    stream = _Inflated(zstandard.ZstdDecompressor().stream_reader(hashing, read_size=CHUNK, read_across_frames=True),
+                       MANIFEST_LIMIT)
+    writer = None
     try:
-        first = tf.next()
-        if first is None or first.name != MANIFEST_MEMBER or not first.isreg():
+        first = stream.header()
+        if first is None or first.name != MANIFEST_MEMBER or first.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
             raise ArchiveError(f"the first member is not {MANIFEST_MEMBER}; was it made by warmer pack?")
-        manifest = tf.extractfile(first).read()
+        manifest = stream.exact(first.size)
+        stream.exact(-first.size % BLOCK)
         expected = manifest_entries(manifest)
         total_expected = sum(e.size for e in expected.values())
         if total_expected > max_total_bytes:
             raise ArchiveError(f"the artifact unpacks to {total_expected} bytes, over the limit of "
                                f"{max_total_bytes}; raise --max-bytes if this is expected")
         # Headers and padding take at most a few blocks per member beyond the files' bytes.
-        limited.limit = limited.bytes + total_expected + (len(expected) + 4) * 8 * BLOCK
+        stream.limit = stream.total + total_expected + (len(expected) + 4) * 8 * BLOCK
         unsafe = [e.path for e in expected.values() if e.mode & ~MODE_MASK]
         if unsafe:
             raise ArchiveError(f"{MANIFEST_MEMBER} gives {unsafe[0]!r} mode {expected[unsafe[0]].mode:o}: "
                                "setuid, setgid, sticky and group/world-writable modes are refused")
         seen: set[str] = set()
         written = 0
-        while (member := tf.next()) is not None:
+        writer = _Writer(dest)
+        while (member := stream.header()) is not None:
             name = _safe_name(member.name)
-            if not member.isreg():
-                kind = {tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink", tarfile.CHRTYPE: "character device",
-                        tarfile.BLKTYPE: "block device", tarfile.FIFOTYPE: "FIFO", tarfile.DIRTYPE: "directory"}
-                raise ArchiveError(f"member {name!r}: a {kind.get(member.type, f'type {member.type!r}')}; "
+            if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+                raise ArchiveError(f"member {name!r}: a {_KINDS.get(member.type, f'type {member.type!r}')}; "
                                    "only regular files are allowed")
             if member.mode & 0o7000:
                 raise ArchiveError(f"member {name!r}: setuid/setgid/sticky mode {member.mode:o} refused")
@@ -264,25 +458,37 @@ def extract(raw: BinaryIO, dest: Path, manifest_entries: Callable[[bytes], dict[
             if member.size != entry.size:
                 raise ArchiveError(f"member {name!r}: {member.size} bytes, {MANIFEST_MEMBER} says {entry.size}")
             seen.add(name)
-            target = dest / name
-            target.parent.mkdir(parents=True, exist_ok=True)
+            mode = entry.mode & MODE_MASK
             h = hashlib.sha256()
-            src = tf.extractfile(member)
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                while chunk := src.read(CHUNK):
-                    h.update(chunk)
-                    out.write(chunk)
+            left = entry.size
+            stream.claim(left)
+            view = stream.piece(left) if left else b""
+            h.update(view)
+            left -= len(view)
+            if not left:
+                writer.put(("file", name, view, mode, entry.mtime_ns))
+            else:
+                writer.put(("open", name))
+                writer.put(("data", view))
+                while left:
+                    view = stream.piece(left)
+                    h.update(view)
+                    writer.put(("data", view))
+                    left -= len(view)
+                writer.put(("close", mode, entry.mtime_ns))
+            stream.exact(-entry.size % BLOCK)
             if h.hexdigest() != entry.sha256:
                 raise ArchiveError(f"member {name!r}: sha256 differs from {MANIFEST_MEMBER}; the artifact is corrupt")
-            os.chmod(target, entry.mode & MODE_MASK)
-            os.utime(target, ns=(entry.mtime_ns, entry.mtime_ns))
             written += entry.size
         # Drain what follows the end-of-archive blocks, so the archive's digest covers every byte.
         while hashing.read(CHUNK):
             pass
+        writer.close(ok=True)
     except (tarfile.TarError, zstandard.ZstdError, EOFError, UnicodeError) as e:
         raise ArchiveError(f"unreadable or truncated archive: {e}") from e
+    finally:
+        if writer is not None and writer.thread.is_alive():
+            writer.close(ok=False)
     missing = sorted(set(expected) - seen)
     if missing:
         raise ArchiveError(f"{len(missing)} file(s) listed in {MANIFEST_MEMBER} are missing from the "

@@ -14,30 +14,13 @@ import threading
 import boto3
 import pytest
 
-from tests.conftest import make_cache_tree, tiny_recipe
+from tests.conftest import make_cache_tree, run_warmer, tiny_recipe, write_tiny_recipe
 from tests.integration.conftest import SECRET, add_big_file
 from warmer import build, fetch, restore
 from warmer.store import StoreError, blob_path, index_path, open_store
 from warmer.store.s3 import S3Store
 
 MiB = 1 << 20
-TINY_TOML = """
-name = "tiny"
-[model]
-path = "/models/tiny"
-[engine]
-max_model_len = 128
-[env]
-VLLM_USE_AOT_COMPILE = "0"
-[workload]
-prompt_lengths = [8]
-batch_sizes = [1]
-max_tokens = 4
-"""
-
-
-def _warmer(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "warmer", *map(str, args)], capture_output=True, text=True, **kw)
 
 
 def _object(bucket: str, key: str) -> bytes:
@@ -158,23 +141,22 @@ def test_an_exact_fetch_costs_two_requests_plus_the_blobs_gets(packed, tmp_path,
 
 def test_cli_publish_fetch_ls_inspect_over_s3(packed, tmp_path, s3_url, aws_env):
     """The endpoint from AWS_ENDPOINT_URL, credentials from the environment, never printed."""
-    recipe_file = tmp_path / "tiny.toml"
-    recipe_file.write_text(TINY_TOML)
-    pub = _warmer("publish", packed["artifact"], "--store", s3_url, "--json")
+    recipe_file = write_tiny_recipe(tmp_path / "tiny.toml")
+    pub = run_warmer("publish", packed["artifact"], "--store", s3_url, "--json")
     assert pub.returncode == 0, pub.stderr
     assert json.loads(pub.stdout)["status"] == "published"
     assert "\r" not in pub.stderr  # not a terminal: no progress bar
     node = tmp_path / "node-root"
-    got = _warmer("fetch", recipe_file, "--store", s3_url, "--root", node, "--require", "--json")
+    got = run_warmer("fetch", recipe_file, "--store", s3_url, "--root", node, "--require", "--json")
     assert got.returncode == 0, got.stderr
     assert json.loads(got.stdout)["status"] == "hit"
-    ls = _warmer("ls", "--store", s3_url, "--json")
+    ls = run_warmer("ls", "--store", s3_url, "--json")
     assert ls.returncode == 0, ls.stderr
     [row] = json.loads(ls.stdout)
     assert row["recipe"] == "tiny" and row["key"] == packed["doc"]["key"] and row["blob"] == packed["sha256"]
-    human = _warmer("ls", "--store", s3_url)
+    human = run_warmer("ls", "--store", s3_url)
     assert packed["doc"]["key"][:16] in human.stdout and "1 artifact(s)" in human.stdout
-    inspect = _warmer("inspect", f"{s3_url}/index/tiny/{packed['doc']['key'][:16]}", "--json")
+    inspect = run_warmer("inspect", f"{s3_url}/index/tiny/{packed['doc']['key'][:16]}", "--json")
     assert inspect.returncode == 0, inspect.stderr
     shown = json.loads(inspect.stdout)
     assert shown["key"] == packed["doc"]["key"] and shown["blob"]["sha256"] == packed["sha256"]
@@ -229,32 +211,31 @@ def test_path_style_addressing_when_asked(s3_url, bucket, proxy, monkeypatch):
 
 
 def test_clear_errors_without_tracebacks(tmp_path, aws_env, monkeypatch, packed):
-    missing = _warmer("ls", "--store", "s3://no-such-bucket-here/x")
+    missing = run_warmer("ls", "--store", "s3://no-such-bucket-here/x")
     assert missing.returncode == 1
     assert "bucket no-such-bucket-here does not exist" in missing.stderr and "Traceback" not in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
 
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
-    nocreds = _warmer("publish", packed["artifact"], "--store", "s3://any-bucket")
+    nocreds = run_warmer("publish", packed["artifact"], "--store", "s3://any-bucket")
     assert nocreds.returncode == 1 and "Traceback" not in nocreds.stderr
     assert "no usable AWS credentials" in nocreds.stderr and "AWS_PROFILE" in nocreds.stderr
 
-    wrong = _warmer("publish", packed["artifact"], "--store", f"file://{tmp_path}/store", "--endpoint-url", aws_env)
+    wrong = run_warmer("publish", packed["artifact"], "--store", f"file://{tmp_path}/store", "--endpoint-url", aws_env)
     assert wrong.returncode == 1 and "applies to s3:// stores" in wrong.stderr
 
 
 def test_an_unreachable_store_is_a_slow_start_not_a_failed_pod(tmp_path, aws_env, monkeypatch):
-    recipe_file = tmp_path / "tiny.toml"
-    recipe_file.write_text(TINY_TOML)
+    recipe_file = write_tiny_recipe(tmp_path / "tiny.toml")
     with socket.socket() as s:  # a loopback port with nothing listening on it
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
     args = ["fetch", recipe_file, "--store", "s3://fleet/caches", "--root", tmp_path / "r",
             "--endpoint-url", f"http://127.0.0.1:{port}"]
-    slow = _warmer(*args)
+    slow = run_warmer(*args)
     assert slow.returncode == 0, slow.stderr
     assert f"cannot reach the S3 endpoint http://127.0.0.1:{port}" in slow.stderr
     assert "export VLLM_CACHE_ROOT=" in slow.stdout
-    assert _warmer(*args, "--require").returncode == 3
+    assert run_warmer(*args, "--require").returncode == 3

@@ -10,28 +10,11 @@ import sys
 
 import pytest
 
-from tests.conftest import make_cache_tree, tiny_recipe
+from tests.conftest import make_cache_tree, run_warmer, tiny_recipe, write_tiny_recipe
 from tests.fixtures import nodes
 from warmer import build, compat, explain, fetch, fingerprint
 from warmer.store import open_store
 
-RECIPE_TOML = """
-name = "tiny"
-[model]
-path = "/models/tiny"
-[engine]
-max_model_len = {max_model_len}
-[env]
-VLLM_USE_AOT_COMPILE = "0"
-[workload]
-prompt_lengths = [8]
-batch_sizes = [1]
-max_tokens = 4
-"""
-
-
-def _warmer(*args):
-    return subprocess.run([sys.executable, "-m", "warmer", *map(str, args)], capture_output=True, text=True)
 
 
 def test_probe_describes_this_machine():
@@ -153,15 +136,14 @@ def test_explain_ranks_every_artifact_and_gives_a_reason_per_rejected_field(stor
 
 def test_cli_explain_in_words_and_json(store_of_four, tmp_path):
     store, built = store_of_four
-    recipe = tmp_path / "tiny.toml"
-    recipe.write_text(RECIPE_TOML.format(max_model_len=128))
-    words = _warmer("explain", recipe, "--store", store.url)
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    words = run_warmer("explain", recipe, "--store", store.url)
     assert words.returncode == 0, words.stderr
     assert "1 accepted, 3 rejected" in words.stdout
     assert [ln.split()[0] for ln in words.stdout.splitlines() if ln.startswith(("ACCEPTED", "rejected"))] == \
         ["ACCEPTED", "rejected", "rejected", "rejected"]
     assert "cpu.isa [hard]: only on this node" in words.stdout and "why: Inductor's CPU cache" in words.stdout
-    doc = json.loads(_warmer("explain", recipe, "--store", store.url, "--json").stdout)
+    doc = json.loads(run_warmer("explain", recipe, "--store", store.url, "--json").stdout)
     assert doc["candidates"][0]["key"] == built["here"] and doc["candidates"][0]["accepted"]
 
 

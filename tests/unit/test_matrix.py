@@ -1,14 +1,12 @@
 """`warmer matrix`: the recipe x SKU matrix for a CI job per GPU SKU, and the build's step summary."""
 
 import json
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_warmer
 from warmer import matrix
 
 MANIFESTS = REPO / "manifests"
@@ -36,9 +34,6 @@ def _recipes(tmp_path: Path, **recipes) -> Path:
     return tmp_path / "manifests"
 
 
-def _warmer(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "warmer", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd)
 
 
 def test_shipped_recipes_make_one_entry_per_target():
@@ -119,19 +114,19 @@ def test_catalogue_errors_name_the_sku_and_field(tmp_path):
 
 
 def test_cli_github_format_is_one_line_for_github_output():
-    out = _warmer("matrix", "manifests/", "--format", "github")
+    out = run_warmer("matrix", "manifests/", "--format", "github")
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("\n") == 1  # `echo "matrix=$(...)" >> $GITHUB_OUTPUT` takes one line
     doc = json.loads(out.stdout)
     assert set(doc) == {"include"} and doc["include"]
     assert all(Path(REPO, e["recipe"]).is_file() for e in doc["include"])  # paths relative to the checkout
-    only = json.loads(_warmer("matrix", "manifests/", "--format", "json", "--sku", "rtx-5090").stdout)
+    only = json.loads(run_warmer("matrix", "manifests/", "--format", "json", "--sku", "rtx-5090").stdout)
     assert [e["sku"] for e in only] == ["rtx-5090"]
 
 
 def test_cli_unknown_sku_fails_with_the_message(tmp_path):
     d = _recipes(tmp_path, bad=(["h300"], 1))
-    out = _warmer("matrix", d)
+    out = run_warmer("matrix", d)
     assert out.returncode == 1 and "h300" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -169,7 +164,7 @@ def test_build_writes_the_summary_when_it_fails_early(tmp_path):
     (root / "leftover").mkdir(parents=True)
     summary = tmp_path / "summary.md"
     summary.write_text("earlier step\n")
-    out = _warmer("build", MANIFESTS / "models" / "llama-3.1-8b-h200.toml", "--store", f"file://{tmp_path / 's'}",
+    out = run_warmer("build", MANIFESTS / "models" / "llama-3.1-8b-h200.toml", "--store", f"file://{tmp_path / 's'}",
                   "--root", root, "--step-summary", summary)
     assert out.returncode == 1 and "not empty" in out.stderr
     text = summary.read_text()

@@ -2,38 +2,19 @@
 
 import json
 import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_cache_tree, tiny_recipe
+from tests.conftest import run_warmer, tiny_recipe, write_tiny_recipe
 from warmer import build, fetch, restore
 from warmer.store import open_store
 
-RECIPE_TOML = """
-name = "tiny"
-[model]
-path = "/models/tiny"
-[engine]
-max_model_len = {max_model_len}
-[env]
-VLLM_USE_AOT_COMPILE = "0"
-[workload]
-prompt_lengths = [8]
-"""
-
-
 def _recipe_file(tmp_path, max_model_len=128):
-    p = tmp_path / f"tiny-{max_model_len}.toml"
-    p.write_text(RECIPE_TOML.format(max_model_len=max_model_len))
-    return p
+    return write_tiny_recipe(tmp_path / f"tiny-{max_model_len}.toml", max_model_len=max_model_len)
 
 
-def _warmer(*args):
-    return subprocess.run([sys.executable, "-m", "warmer", *map(str, args)], capture_output=True, text=True)
 
 
 @pytest.fixture
@@ -115,26 +96,33 @@ def test_miss_exits_zero_with_env_unless_required(published, tmp_path):
     recipe_file = _recipe_file(tmp_path, max_model_len=4096)  # a recipe nobody built
     env_file = tmp_path / "vllm.env"
     args = ["fetch", recipe_file, "--store", published["store"].url, "--root", tmp_path / "r", "--env-file", env_file]
-    miss = _warmer(*args)
+    miss = run_warmer(*args)
     assert miss.returncode == 0, miss.stderr
     assert "warning: no artifact" in miss.stderr and "another version of tiny" in miss.stderr
     env = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
     assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "r" / "vllm")
-    assert _warmer(*args, "--require").returncode == 3
+    assert run_warmer(*args, "--require").returncode == 3
 
 
 def test_cli_fetch_hit_prints_env_to_source(published, tmp_path):
-    out = _warmer("fetch", _recipe_file(tmp_path), "--store", published["store"].url, "--root", tmp_path / "n")
+    out = run_warmer("fetch", _recipe_file(tmp_path), "--store", published["store"].url, "--root", tmp_path / "n")
     assert out.returncode == 0, out.stderr
     assert f"export VLLM_CACHE_ROOT={tmp_path / 'n' / 'vllm'}" in out.stdout
-    assert "hit" in out.stderr
+    assert "warmer fetch: hit" in out.stderr
+    assert run_warmer("fetch", _recipe_file(tmp_path), "--store", published["store"].url, "--root", tmp_path / "n",
+                   "--require").returncode == 0  # already active: still a hit
+
+
+def test_the_recipe_file_is_the_recipe(tmp_path):
+    from warmer.recipe import load
+    assert load(_recipe_file(tmp_path)).digest() == tiny_recipe().digest()
 
 
 def test_cli_restore_refuses_a_truncated_file(published, tmp_path):
     bad = tmp_path / "bad.tar.zst"
     data = published["artifact"].read_bytes()
     bad.write_bytes(data[: len(data) - 4000])
-    out = _warmer("restore", bad, "--root", tmp_path / "r")
+    out = run_warmer("restore", bad, "--root", tmp_path / "r")
     assert out.returncode == 1
     assert "not activated" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "r").exists()
@@ -159,6 +147,6 @@ def test_symlinked_root_is_refused(published, tmp_path):
 
 
 def test_inspect_shows_the_manifest(published):
-    out = _warmer("inspect", published["artifact"], "--json")
+    out = run_warmer("inspect", published["artifact"], "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["key"] == published["doc"]["key"]
