@@ -114,7 +114,8 @@ def test_a_blob_no_entry_names_is_deleted_only_after_the_grace(store, tmp_path):
     publish(store, tmp_path, "tiny", None, 0)
     assert catalog.gc(store, 1)["deleted_blobs"] == []
     assert orphan in {b.sha256 for b in store.list_blobs()}
-    later = NOW + catalog.ORPHAN_GRACE + timedelta(minutes=5)
+    # From now, not from NOW (taken at collection, maybe minutes before this blob was written).
+    later = datetime.now(timezone.utc) + catalog.ORPHAN_GRACE + timedelta(minutes=5)
     assert catalog.gc(store, 1, now=later)["deleted_blobs"] == [orphan]
     assert orphan not in {b.sha256 for b in store.list_blobs()} and len(store.list_blobs()) == 1
 
