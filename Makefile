@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit clean
+.PHONY: install demo test test-unit bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,5 +28,18 @@ test: install
 test-unit: install
 	$(PY) -m pytest -ra -m "not e2e"
 
+# warmer against tar + zstd and the AWS CLI on a synthetic cache tree, side by side: the table
+# and goals of BENCHMARKS.md. Options go in BENCH_ARGS, e.g. BENCH_ARGS="--size 256MiB --trials 5".
+# The AWS CLI gets a venv of its own: it pins a botocore that boto3's may not match.
+AWS_VENV := .venv-aws
+BENCH_ARGS ?=
+
+$(AWS_VENV)/bin/aws:
+	$(PYTHON) -m venv $(AWS_VENV)
+	$(AWS_VENV)/bin/python -m pip install -q awscli==1.46.3
+
+bench: install $(AWS_VENV)/bin/aws
+	$(PY) bench/run.py $(BENCH_ARGS)
+
 clean:
-	rm -rf $(VENV) .demo .pytest_cache
+	rm -rf $(VENV) $(AWS_VENV) .demo .bench .pytest_cache

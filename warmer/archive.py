@@ -197,6 +197,9 @@ class _LimitedReader:
 
 
 MANIFEST_LIMIT = 256 << 20  # artifact.json of a million files stays far below this
+# Threads that create and write the files of an extraction: file creation is mostly kernel
+# time, and it scales past one core. More than the machine's cores only adds switching.
+WRITERS = max(1, min(4, os.cpu_count() or 1))
 
 
 def _open_stream(raw: BinaryIO):
@@ -266,6 +269,37 @@ def _pax_records(data: bytes) -> dict[str, str]:
     return out
 
 
+class _Member:
+    """What extraction needs of a tar header."""
+    __slots__ = ("name", "type", "mode", "size")
+
+    def __init__(self, name: str, type_: bytes, mode: int, size: int):
+        self.name, self.type, self.mode, self.size = name, type_, mode, size
+
+
+def _octal(field: bytes) -> int:
+    return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
+
+
+def _parse_header(block: bytes) -> _Member:
+    """A header block: the plain ustar regular-file header (all warmer writes but pax records)
+    read directly, a few times faster than tarfile; anything else, and any doubt, by tarfile."""
+    if (block[156:157] == tarfile.REGTYPE and block[257:265] == tarfile.POSIX_MAGIC
+            and not (block[100] | block[124] | block[148]) & 0x80):  # no base-256 numbers
+        try:
+            checksum, mode, size = _octal(block[148:156]), _octal(block[100:108]), _octal(block[124:136])
+        except ValueError:
+            checksum = -1
+        if checksum == 256 + sum(block[:148]) + sum(block[156:]):
+            name = block[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            prefix = block[345:500].split(b"\0", 1)[0]
+            if prefix:
+                name = prefix.decode("utf-8", "surrogateescape") + "/" + name
+            return _Member(name, tarfile.REGTYPE, mode, size)
+    info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    return _Member(info.name, info.type, info.mode, info.size)
+
+
 class _Inflated:
     """The decompressed tar stream, read in big pieces: headers are cut from them and file data
     is handed on as views, without copies. Declared sizes count against a limit before they are
@@ -305,7 +339,7 @@ class _Inflated:
             n -= len(p)
         return b"".join(parts)
 
-    def header(self) -> tarfile.TarInfo | None:
+    def header(self) -> _Member | None:
         """The next member's header with its pax records applied; None at the end of the archive."""
         pax: dict[str, str] = {}
         while True:
@@ -314,7 +348,7 @@ class _Inflated:
             block = self.exact(BLOCK)
             if block == _ZERO_BLOCK:
                 return None
-            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+            info = _parse_header(block)
             if info.type != tarfile.XHDTYPE:
                 break
             pax.update(_pax_records(self.exact(info.size)))
@@ -332,31 +366,75 @@ class _Inflated:
 
 
 class _Writer:
-    """Creates and writes the files in a thread of its own: those system calls are most of a
-    restore's time, and they overlap decompressing and hashing what comes next. Holds at most
-    a few chunks; the first error stops it and is raised by the next put() or close()."""
+    """Hashes, creates and writes the files in threads of their own: those system calls and
+    the digests are most of a restore's time, and they overlap decompressing and parsing what
+    comes next. Each file goes whole to one thread, the one with the least waiting (small files
+    in batches); all of them together hold at most BUDGET bytes. A file is checked against its
+    sha256 before it gets its mode and mtime; the first error (a digest that differs, a full
+    disk) stops all threads and is raised by the next put() or by close(), so extract() never
+    returns with a file unchecked."""
 
     FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    # Bytes handed to the threads and not yet written: the memory an extraction holds, whatever
+    # the artifact's size. Shared by all threads, so that one busy with a big file does not stop
+    # the others from taking the small files after it.
+    BUDGET = 16 << 20
+    ITEM = 4096  # what an item counts for besides its data: bounds how many small files wait
+    BATCH = 256 << 10  # small files go to a thread together, up to this many bytes
 
-    def __init__(self, dest: Path):
+    def __init__(self, dest: Path, threads: int):
         self.dest = os.fspath(dest)
-        self.queue: queue.Queue = queue.Queue(maxsize=16)
         self.error: BaseException | None = None
         self.abort = False
         self.dirs: set[str] = set()  # made here, or known to exist
-        self.thread = threading.Thread(target=self._run, name="warmer-extract-writer", daemon=True)
-        self.thread.start()
+        self.queues = [queue.SimpleQueue() for _ in range(threads)]
+        self.pending = [0] * threads  # bytes waiting, per thread
+        self.held = 0
+        self.room = threading.Condition()
+        self.lane = 0
+        self.batch: list[tuple] = []
+        self.batch_bytes = 0
+        self.threads = [threading.Thread(target=self._run, args=(i,), name="warmer-extract-writer", daemon=True)
+                        for i in range(threads)]
+        for t in self.threads:
+            t.start()
 
-    def put(self, item: tuple) -> None:
-        if self.error is not None:
-            raise self.error
-        self.queue.put(item)
+    def put(self, item: tuple, nbytes: int = 0) -> None:
+        cost = nbytes + self.ITEM
+        with self.room:
+            while self.error is None and self.held and self.held + cost > self.BUDGET:
+                self.room.wait()
+            if self.error is not None:
+                raise self.error
+            if item[0] in ("files", "open"):  # new files: to the thread with the least to do
+                self.lane = min(range(len(self.pending)), key=self.pending.__getitem__)
+            self.held += cost
+            self.pending[self.lane] += cost
+        self.queues[self.lane].put((item, cost))
+
+    def small_file(self, rel: str, view, want: str, mode: int, mtime_ns: int) -> None:
+        """A file whole in one view: batched with the next ones (one hand-over for many)."""
+        self.batch.append((rel, view, want, mode, mtime_ns))
+        self.batch_bytes += len(view) + self.ITEM
+        if self.batch_bytes >= self.BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.batch:
+            batch, nbytes = self.batch, self.batch_bytes
+            self.batch, self.batch_bytes = [], 0
+            self.put(("files", batch), nbytes)
 
     def close(self, ok: bool) -> None:
-        """Wait for every write; with ok=False, drop what is left."""
+        """Wait for every write and check; with ok=False, drop what is left."""
+        if ok:
+            self.flush()
         self.abort = not ok
-        self.queue.put(None)
-        self.thread.join()
+        for q in self.queues:
+            q.put((None, 0))
+        for t in self.threads:
+            t.join()
+        self.threads = []
         if ok and self.error is not None:
             raise self.error
 
@@ -379,34 +457,63 @@ class _Writer:
         os.fchmod(fd, mode)
         os.utime(fd, ns=(mtime_ns, mtime_ns))
 
-    def _run(self) -> None:
-        fd = None
-        while (item := self.queue.get()) is not None:
-            if self.error is not None or self.abort:
-                continue  # keep taking items, so that put() never blocks
+    def _run(self, lane: int) -> None:
+        f = _OpenFile()  # the file this thread is writing
+        while True:
+            item, cost = self.queues[lane].get()
+            if item is None:
+                break
             try:
-                op = item[0]
-                if op == "file":  # a whole file in one piece: most of them
-                    _, rel, view, mode, mtime_ns = item
-                    fd = self._open(rel)
-                    self._write(fd, view)
-                    self._finish(fd, mode, mtime_ns)
-                    os.close(fd)
-                    fd = None
-                elif op == "open":
-                    fd = self._open(item[1])
-                elif op == "data":
-                    self._write(fd, item[1])
-                else:  # "close"
-                    self._finish(fd, item[1], item[2])
-                    os.close(fd)
-                    fd = None
+                if self.error is None and not self.abort:  # else: keep taking items, so put() never waits
+                    self._do(item, f)
             except BaseException as e:  # handed to the main thread, which raises it
-                self.error = e
-                if fd is not None:
-                    os.close(fd)
-                    fd = None
-        if fd is not None:
+                if self.error is None:
+                    self.error = e
+                f.close()
+            finally:
+                with self.room:
+                    self.held -= cost
+                    self.pending[lane] -= cost
+                    self.room.notify()
+        f.close()
+
+    def _do(self, item: tuple, f: "_OpenFile") -> None:
+        op = item[0]
+        if op == "data":
+            f.sha256.update(item[1])
+            self._write(f.fd, item[1])
+            return
+        if op == "open":
+            _, f.rel, f.want = item
+            f.sha256 = hashlib.sha256()
+            f.fd = self._open(f.rel)
+            return
+        if op == "files":  # small files, each whole: most of them
+            for f.rel, view, f.want, mode, mtime_ns in item[1]:
+                f.sha256 = hashlib.sha256(view)
+                f.fd = self._open(f.rel)
+                self._write(f.fd, view)
+                self._check_and_close(f, mode, mtime_ns)
+        else:  # "close"
+            self._check_and_close(f, item[1], item[2])
+
+    def _check_and_close(self, f: "_OpenFile", mode: int, mtime_ns: int) -> None:
+        if f.sha256.hexdigest() != f.want:
+            raise ArchiveError(f"member {f.rel!r}: sha256 differs from {MANIFEST_MEMBER}; the artifact is corrupt")
+        self._finish(f.fd, mode, mtime_ns)
+        f.close()
+
+
+class _OpenFile:
+    __slots__ = ("fd", "rel", "want", "sha256")
+
+    def __init__(self):
+        self.fd: int | None = None
+        self.rel, self.want, self.sha256 = "", "", None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
             os.close(fd)
 
 
@@ -442,7 +549,7 @@ def extract(raw: BinaryIO, dest: Path, manifest_entries: Callable[[bytes], dict[
                                "setuid, setgid, sticky and group/world-writable modes are refused")
         seen: set[str] = set()
         written = 0
-        writer = _Writer(dest)
+        writer = _Writer(dest, WRITERS)
         while (member := stream.header()) is not None:
             name = _safe_name(member.name)
             if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
@@ -459,35 +566,31 @@ def extract(raw: BinaryIO, dest: Path, manifest_entries: Callable[[bytes], dict[
                 raise ArchiveError(f"member {name!r}: {member.size} bytes, {MANIFEST_MEMBER} says {entry.size}")
             seen.add(name)
             mode = entry.mode & MODE_MASK
-            h = hashlib.sha256()
             left = entry.size
             stream.claim(left)
             view = stream.piece(left) if left else b""
-            h.update(view)
             left -= len(view)
             if not left:
-                writer.put(("file", name, view, mode, entry.mtime_ns))
+                writer.small_file(name, view, entry.sha256, mode, entry.mtime_ns)
             else:
-                writer.put(("open", name))
-                writer.put(("data", view))
+                writer.flush()
+                writer.put(("open", name, entry.sha256))
+                writer.put(("data", view), len(view))
                 while left:
                     view = stream.piece(left)
-                    h.update(view)
-                    writer.put(("data", view))
+                    writer.put(("data", view), len(view))
                     left -= len(view)
                 writer.put(("close", mode, entry.mtime_ns))
             stream.exact(-entry.size % BLOCK)
-            if h.hexdigest() != entry.sha256:
-                raise ArchiveError(f"member {name!r}: sha256 differs from {MANIFEST_MEMBER}; the artifact is corrupt")
             written += entry.size
         # Drain what follows the end-of-archive blocks, so the archive's digest covers every byte.
         while hashing.read(CHUNK):
             pass
-        writer.close(ok=True)
+        writer.close(ok=True)  # every file written and its sha256 checked
     except (tarfile.TarError, zstandard.ZstdError, EOFError, UnicodeError) as e:
         raise ArchiveError(f"unreadable or truncated archive: {e}") from e
     finally:
-        if writer is not None and writer.thread.is_alive():
+        if writer is not None and writer.threads:
             writer.close(ok=False)
     missing = sorted(set(expected) - seen)
     if missing:
