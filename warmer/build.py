@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
 import sys
 import tempfile
 from datetime import datetime, timezone
@@ -34,7 +33,7 @@ class BuildError(Exception):
 def path_contract(recipe: Recipe, root: Path) -> dict:
     """The absolute paths the caches were built at: fetch compares them with the node's."""
     contract = {"root": str(root), "model": recipe.model, "python_prefix": sys.prefix, "user": getpass.getuser()}
-    fi = flashinfer.contract(root, {**os.environ, **warmup.serve_env(recipe, root)})
+    fi = flashinfer.contract(root, warmup.serving_environ(recipe, root))
     if fi:
         contract["flashinfer"] = fi
     return contract

@@ -35,17 +35,12 @@ def contract_warnings(doc: dict, root: Path, recipe: Recipe) -> list[str]:
         out.append(f"python prefix {sys.prefix} differs from the build's {built['python_prefix']}: "
                    "Inductor's C++ kernels will recompile")
     if fi_built and fi_built.get("modules"):
-        node = flashinfer.contract(root, {**os.environ, **warmup.serve_env(recipe, root)})
+        node = flashinfer.contract(root, warmup.serving_environ(recipe, root))
         reasons = flashinfer.compare(fi_built, node)
         if reasons:
             out.append(f"FlashInfer will rebuild {len(fi_built['modules'])} JIT module(s) "
                        f"({', '.join(fi_built['modules'][:5])}) because: " + "; ".join(reasons))
     return out
-
-
-def check_flashinfer(recipe: Recipe, root: Path, env: dict) -> dict:
-    """The ninja dry run of every restored JIT module, in the env vLLM will start with."""
-    return flashinfer.dry_run(root, {**os.environ, **env})
 
 
 def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int = restore.DEFAULT_MAX_BYTES,
@@ -93,7 +88,8 @@ def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int 
                 report["restore"] = result
                 report["build_timings"] = doc["timings"]
                 report["env"].update(flashinfer.artifact_env(doc, root))
-                report["flashinfer"] = check_flashinfer(recipe, root, report["env"])
+                # ninja's dry run of every restored JIT module, in the env vLLM will start with
+                report["flashinfer"] = flashinfer.dry_run(root, {**os.environ, **report["env"]})
                 if report["flashinfer"]["clean"] is False:
                     dirty = [m for m, r in report["flashinfer"]["modules"].items() if not r["clean"]]
                     report["warnings"].append(f"ninja would rebuild FlashInfer module(s) {', '.join(dirty)}: "

@@ -53,7 +53,7 @@ def _ratio(cold: dict, warm: dict, name: str) -> float | None:
 def verify(recipe: Recipe, root: Path, workdir: Path, cold: dict | None = None, label: str = "verify") -> dict:
     """Run the engine on root once more and judge the hit; cold: the build's timings, if known."""
     # Before the engine starts: afterwards ninja would have rebuilt what it found dirty.
-    ninja = flashinfer.dry_run(root, {**os.environ, **warmup.serve_env(recipe, root)})
+    ninja = flashinfer.dry_run(root, warmup.serving_environ(recipe, root))
     before = snapshot(root)
     run = warmup.run_engine(recipe, root, workdir, label)
     files = delta(before, snapshot(root))

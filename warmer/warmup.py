@@ -77,6 +77,11 @@ def serve_env(recipe: Recipe, root: Path) -> dict[str, str]:
     return env
 
 
+def serving_environ(recipe: Recipe, root: Path) -> dict[str, str]:
+    """This process's environment as vLLM will see it: what tools run on vLLM's behalf use."""
+    return {**os.environ, **serve_env(recipe, root)}
+
+
 def prepare_root(root: Path) -> None:
     """Create every cache directory: a TMPDIR that does not exist is silently replaced by /tmp."""
     for var, path in components.cache_env(root).items():
@@ -101,7 +106,7 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str) -> EngineR
         spec["engine"].setdefault("revision", recipe.revision)
     spec_path.write_text(json.dumps(spec, indent=1))
     result_path.unlink(missing_ok=True)
-    env = {**os.environ, **serve_env(recipe, root), "VLLM_NO_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**serving_environ(recipe, root), "VLLM_NO_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "warmer.workload", str(spec_path), str(result_path)],
