@@ -55,6 +55,15 @@ def write_tiny_recipe(path: Path, model_path: str = "/models/tiny", **engine) ->
     return path
 
 
+def run_python(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+    """This venv's python in a child process; a failure shows the child's own error, not just its exit code."""
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, **kw)
+    if out.returncode != 0:
+        pytest.fail(f"python {' '.join(args)[:200]} exited {out.returncode}\n"
+                    f"stdout:\n{out.stdout[-3000:]}\nstderr:\n{out.stderr[-6000:]}", pytrace=False)
+    return out
+
+
 def run_warmer(*args, **kw) -> subprocess.CompletedProcess:
     """The CLI in a fresh process, as users run it."""
     kw.setdefault("cwd", REPO)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_python
 
 pytestmark = pytest.mark.e2e
 TINY = REPO / "manifests" / "models" / "tiny-llama-cpu.toml"
@@ -27,7 +27,7 @@ requires_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM (the `cpu` extra)
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     model = tmp_path_factory.mktemp("model") / "tiny-llama"
-    subprocess.run([sys.executable, "-m", "warmer.tinymodel", str(model)], check=True, capture_output=True)
+    run_python("-m", "warmer.tinymodel", str(model))
     return model
 
 

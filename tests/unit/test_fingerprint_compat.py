@@ -5,12 +5,11 @@ The GPU and CPU matrix of other machines is in test_fixture_matrix.py.
 
 import copy
 import json
-import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import make_cache_tree, run_warmer, tiny_recipe, write_tiny_recipe
+from tests.conftest import make_cache_tree, run_python, run_warmer, tiny_recipe, write_tiny_recipe
 from tests.fixtures import nodes
 from warmer import build, compat, explain, fetch, fingerprint
 from warmer.store import open_store
@@ -34,7 +33,7 @@ def test_node_path_imports_neither_torch_nor_vllm():
     code = ("import sys, warmer.cli, warmer.fetch, warmer.restore, warmer.explain; from warmer import fingerprint; "
             "fingerprint.probe(); print(sorted(m for m in ('torch', 'vllm', 'transformers', 'flashinfer') "
             "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = run_python("-c", code).stdout
     assert out.strip() == "[]"
 
 

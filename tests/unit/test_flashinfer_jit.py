@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import tiny_recipe
+from tests.conftest import run_python, tiny_recipe
 from warmer import build, fetch, restore
 from warmer.components import flashinfer
 from warmer.store import open_store
@@ -41,7 +41,7 @@ def artifact(tmp_path_factory, jit_env):
     """One real module built by nvcc under a root, then packed: (root, artifact file, artifact.json)."""
     root = tmp_path_factory.mktemp("fi") / "root"
     env = {**os.environ, **jit_env, "FLASHINFER_WORKSPACE_BASE": str(root / "flashinfer")}
-    subprocess.run([sys.executable, "-c", BUILD], env=env, check=True, capture_output=True)
+    run_python("-c", BUILD, env=env)
     saved = {k: os.environ.get(k) for k in jit_env}
     os.environ.update(jit_env)  # pack records the contract in the build's env
     try:

@@ -7,12 +7,10 @@ wrong numbers, the reverse crashed: research/torch-inductor-triton-caches.md), s
 import copy
 import importlib.util
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import tiny_recipe
+from tests.conftest import run_python, tiny_recipe
 from warmer import build, explain, fetch, fingerprint, restore
 from warmer.store import open_store
 
@@ -38,7 +36,7 @@ def inductor_root(tmp_path_factory):
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TMPDIR": str(scratch),
            # the 150 MB precompiled header costs ~8 s here and is not what this test is about
            "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
-    subprocess.run([sys.executable, "-c", COMPILE], env=env, check=True, capture_output=True, timeout=300)
+    run_python("-c", COMPILE, env=env, timeout=300)
     kernels = sorted(p.relative_to(root).as_posix() for p in (root / "inductor").rglob("*.so"))
     assert kernels, "torch.compile left no C++ kernel"
     return root, kernels
