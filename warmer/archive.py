@@ -130,7 +130,24 @@ def manifest_frame(manifest: bytes, level: int = 3) -> bytes:
 def assemble(manifest: bytes, body: BinaryIO, out: BinaryIO) -> None:
     """Write an archive: the manifest frame, then the body frame copied as it is."""
     out.write(manifest_frame(manifest))
-    shutil.copyfileobj(body, out, CHUNK)
+    _copy_rest(body, out)
+
+
+def _copy_rest(src: BinaryIO, dst: BinaryIO) -> None:
+    """src from its position to its end onto dst: inside the kernel (copy_file_range, a reflink where
+    the filesystem shares blocks) when both are files, else through a buffer."""
+    dst.flush()
+    try:
+        src_off, dst_off, src_fd, dst_fd = src.tell(), dst.tell(), src.fileno(), dst.fileno()
+        copied = os.copy_file_range(src_fd, dst_fd, 1 << 30, src_off, dst_off)
+    except (AttributeError, OSError, ValueError):  # not files, or a kernel or filesystem without it
+        shutil.copyfileobj(src, dst, CHUNK)
+        return
+    while copied:
+        src_off, dst_off = src_off + copied, dst_off + copied
+        copied = os.copy_file_range(src_fd, dst_fd, 1 << 30, src_off, dst_off)
+    src.seek(src_off)
+    dst.seek(dst_off)
 
 
 def first_frame_size(f: BinaryIO) -> int:

@@ -14,7 +14,7 @@ import threading
 import boto3
 import pytest
 
-from tests.conftest import make_cache_tree, run_warmer, tiny_recipe, write_tiny_recipe
+from tests.conftest import make_cache_tree, run_python, run_warmer, tiny_recipe, write_tiny_recipe
 from tests.integration.conftest import SECRET, add_big_file
 from warmer import build, fetch, restore
 from warmer.store import StoreError, blob_path, index_path, open_store
@@ -208,6 +208,14 @@ def test_path_style_addressing_when_asked(s3_url, bucket, proxy, monkeypatch):
     monkeypatch.setenv("WARMER_S3_ADDRESSING_STYLE", "sideways")
     with pytest.raises(StoreError, match="use path, virtual or auto"):
         open_store(s3_url)
+
+
+def test_an_s3_store_caps_malloc_arenas_unless_the_user_chose(aws_env):
+    """The S3 steps' memory grew with the artifact through per-thread malloc arenas (BENCHMARKS.md)."""
+    code = "from warmer.store import open_store, s3; open_store('s3://b'); print(s3.cap_malloc_arenas())"
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    assert run_python("-c", code, env=env).stdout.strip() == "True"  # glibc took the setting
+    assert run_python("-c", code, env={**env, "MALLOC_ARENA_MAX": "8"}).stdout.strip() == "False"
 
 
 def test_clear_errors_without_tracebacks(tmp_path, aws_env, monkeypatch, packed):

@@ -125,3 +125,25 @@ def test_a_corrupt_byte_in_a_big_file_is_refused(tmp_path):
     data = archive.manifest_frame(b"{}") + zstandard.ZstdCompressor().compress(bytes(raw))
     with pytest.raises(ArchiveError, match="big.so.*sha256 differs"):
         archive.extract(io.BytesIO(data), tmp_path / "dst", lambda m: {e.path: e for e in entries}, 1 << 30)
+
+
+def test_assemble_copies_the_body_in_the_kernel_or_through_a_buffer_alike(tmp_path, monkeypatch):
+    """Files take the copy_file_range path, streams the buffered one; both give the same bytes,
+    from wherever the body's position stands (replace_manifest starts past the old manifest)."""
+    body = b"skipped" + os.urandom(3 * archive.CHUNK + 777)
+    (tmp_path / "body").write_bytes(body)
+    expected = archive.manifest_frame(b"{}") + body[7:]
+    calls = []
+    real = os.copy_file_range
+    monkeypatch.setattr(os, "copy_file_range", lambda *a: calls.append(a[2:]) or real(*a))
+    with open(tmp_path / "body", "rb") as src, open(tmp_path / "out", "wb") as dst:
+        src.seek(7)
+        archive.assemble(b"{}", src, dst)
+        assert src.tell() == len(body) and dst.tell() == len(expected)
+    assert (tmp_path / "out").read_bytes() == expected
+    assert calls and calls[0][1:] == (7, len(expected) - len(body) + 7)  # from the positions given
+    src = io.BytesIO(body)
+    src.seek(7)
+    out = io.BytesIO()
+    archive.assemble(b"{}", src, out)
+    assert out.getvalue() == expected

@@ -14,6 +14,8 @@ boto3 is imported here only, when an s3:// store is opened: file stores never pa
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import os
 import random
@@ -34,6 +36,24 @@ ADDRESSING_ENV = "WARMER_S3_ADDRESSING_STYLE"
 MAX_ATTEMPTS = 8
 DOWNLOAD_ATTEMPTS = 3  # whole downloads, when the bytes do not hash to the blob's name
 CONFLICT_ATTEMPTS = 5  # S3 answers 409 to a conditional put racing another one: try again
+
+
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+@functools.cache
+def cap_malloc_arenas(arenas: int = 2) -> bool:
+    """Limit glibc to a few malloc arenas, as MALLOC_ARENA_MAX=2 would, unless the user set it.
+
+    Each of the transfer manager's threads otherwise gets an arena of its own that keeps what it
+    freed, and a fetch's memory grew with the artifact (BENCHMARKS.md). warmer is a short-lived
+    process that owns its heap, so the setting is made for the whole process, once."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        return ctypes.CDLL(None).mallopt(M_ARENA_MAX, arenas) == 1
+    except (OSError, AttributeError):  # not glibc
+        return False
 
 
 class S3Store:
@@ -59,6 +79,7 @@ class S3Store:
                         connect_timeout=10, read_timeout=60, max_pool_connections=concurrency + 4,
                         s3={"addressing_style": style} if style else None)
         self._client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        cap_malloc_arenas()
         self._transfer = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size,
                                         max_concurrency=concurrency, num_download_attempts=5)
 
