@@ -46,7 +46,9 @@ def new(*, key: str, recipe: dict, fingerprint: dict, path_contract: dict, compo
 
 
 def dumps(doc: dict) -> bytes:
-    return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+    """The one byte form of an artifact.json: its id and signature are over these bytes. Compact, so
+    that json's C encoder writes it (indent takes the pure-Python one: 0.1 s at 10,000 files)."""
+    return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
 def loads(data: bytes) -> dict:
@@ -54,6 +56,11 @@ def loads(data: bytes) -> dict:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise ArtifactError(f"artifact.json is not valid JSON: {e}") from e
+    return validate(doc)
+
+
+def validate(doc) -> dict:
+    """doc, if it is an artifact.json this warmer reads (as parsed from an index entry)."""
     if not isinstance(doc, dict):
         raise ArtifactError("artifact.json is not a JSON object")
     schema = doc.get("schema")

@@ -87,7 +87,7 @@ def publish(store: Store, path: Path, sign_key: str | None = None) -> dict:
     entry = {"schema": artifact.SCHEMA_VERSION, "recipe": doc["recipe"]["name"], "key": doc["key"],
              "blob": {"sha256": digest, "size": size}, "artifact": doc, "signature": signature,
              "published_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    won = store.put_index(doc["recipe"]["name"], doc["key"], json.dumps(entry, indent=1).encode())
+    won = store.put_index(doc["recipe"]["name"], doc["key"], json.dumps(entry, separators=(",", ":")).encode())
     result = {"status": "published" if won else "already-published", "store": store.url,
               "recipe": doc["recipe"]["name"], "key": doc["key"], "blob": digest, "bytes": size,
               "blob_uploaded": uploaded}

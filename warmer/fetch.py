@@ -69,7 +69,7 @@ def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int 
                                   "vLLM will compile from cold")
     else:
         entry = json.loads(raw)
-        doc = artifact.loads(artifact.dumps(entry["artifact"]))
+        doc = artifact.validate(entry["artifact"])
         decisions = compat.check(doc["fingerprint"], node, recipe.identity())
         report["decisions"] = compat.as_dicts(decisions)
         if not compat.fits(decisions):
