@@ -20,7 +20,8 @@ from warmer.store import StoreError, open_store
 
 # Errors whose message is written for the user: print it, no traceback.
 USER_ERRORS = (RecipeError, StoreError, archive.ArchiveError, artifact.ArtifactError, restore.RestoreError,
-               warmup.WarmupError, build.BuildError, signing.SignatureError, matrix.MatrixError, OSError)
+               warmup.WarmupError, build.BuildError, signing.SignatureError, matrix.MatrixError,
+               fingerprint.FingerprintError, OSError)
 
 EXIT_ERROR, EXIT_MISS, EXIT_NOT_HIT, EXIT_FINDINGS = 1, 3, 4, 5
 
@@ -104,8 +105,9 @@ def _write_env(env: dict, env_file: str | None, fmt: str, args) -> None:
 
 def cmd_fetch(args) -> int:
     recipe = load(args.recipe)
+    gpus = fingerprint.saved_gpus(args.gpus_from) if args.gpus_from else None
     result = fetch.fetch(recipe, _store(args), Path(args.root), max_bytes=args.max_bytes,
-                         trusted_keys=args.trusted_key or ())
+                         trusted_keys=args.trusted_key or (), gpus=gpus)
     for w in result["warnings"]:
         print(f"warmer: warning: {w}", file=sys.stderr)
     print(report.fetch(result), file=sys.stderr)
@@ -272,6 +274,9 @@ def parser() -> argparse.ArgumentParser:
     s3(c)
     c.add_argument("--root", required=True)
     c.add_argument("--require", action="store_true", help=f"exit {EXIT_MISS} on a miss instead of 0")
+    c.add_argument("--gpus-from", metavar="FILE",
+                   help="fetch for the GPUs of this saved fingerprint (`warmer fingerprint --json` on a serving "
+                        "node), not this machine's: an image build on a machine without the target GPU")
     env_out(c)
     limit(c)
     trust(c)

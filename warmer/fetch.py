@@ -44,13 +44,20 @@ def contract_warnings(doc: dict, root: Path, recipe: Recipe) -> list[str]:
 
 
 def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int = restore.DEFAULT_MAX_BYTES,
-          trusted_keys=()) -> dict:
+          trusted_keys=(), gpus: dict | None = None) -> dict:
+    """gpus: the GPU section of a serving node's saved fingerprint, in place of this machine's GPUs
+    (an image build on a machine without the target GPU)."""
     root = restore.check_root(root)
     store = open_store(store_url) if isinstance(store_url, str) else store_url
     node = fingerprint.probe(root=root, model=recipe.model)
+    if gpus is not None:
+        node = {**node, "gpu": gpus}
     key = compat.key(node, recipe.identity())
     report: dict = {"recipe": recipe.name, "key": key, "store": store.url, "root": str(root),
                     "env": warmup.serve_env(recipe, root), "warnings": []}
+    if gpus is not None:
+        report["for_gpus"] = (f"{gpus['count']} x {gpus['name']} (sm {gpus.get('compute_capability')}, "
+                              f"driver {gpus.get('driver')}), from a saved fingerprint")
     problems = compat.problems(node)
     try:
         raw = None if problems else store.get_index(recipe.name, key)

@@ -12,6 +12,7 @@ text) so that recorded answers from other machines can stand in for the real one
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import platform
 import re
@@ -39,6 +40,29 @@ ISA_FLAGS = (
 SMI_QUERY = "index,name,compute_cap,memory.total,driver_version,pci.device_id,uuid"
 # What the NVIDIA container runtime and CUDA take for "no GPU" in CUDA_VISIBLE_DEVICES.
 NO_DEVICES = ("", "-1", "none", "void", "nodevfiles")
+
+
+class FingerprintError(ValueError):
+    """A saved fingerprint that cannot be used as asked."""
+
+
+def saved_gpus(path: str | os.PathLike) -> dict:
+    """The GPU section of a fingerprint saved on a serving node (`warmer fingerprint --json > FILE`).
+
+    It stands in for this machine's GPUs where caches are prepared for GPUs it does not have: an
+    image build on a CPU builder. The rest of the fingerprint (library versions, paths) is still
+    this machine's, which is why the build must run in the image the node serves from."""
+    how = f"save it on a node with the target GPUs: `warmer fingerprint --json > {path}`"
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise FingerprintError(f"cannot read the fingerprint file {path}: {e.strerror}; {how}") from None
+    except ValueError:
+        raise FingerprintError(f"{path} is not a fingerprint (not JSON); {how}") from None
+    gpu = doc.get("gpu") if isinstance(doc, dict) else None
+    if not isinstance(gpu, dict) or not gpu.get("count") or not gpu.get("name") or "arch" not in gpu:
+        raise FingerprintError(f"{path} describes no GPU (its gpu.count is 0 or absent); {how}")
+    return gpu
 
 
 def _package_versions() -> dict[str, str]:

@@ -89,6 +89,8 @@ def build(r: dict) -> str:
 
 def fetch(r: dict) -> str:
     lines = [f"warmer fetch: {r['status']} - recipe {r['recipe']}, key {r['key'][:16]}, root {r['root']}"]
+    if "for_gpus" in r:
+        lines.append(f"  for GPUs: {r['for_gpus']}")
     if "restore" in r:
         rs = r["restore"]
         extra = f", {rs['files']} files, {_mb(rs['bytes'])}" if "files" in rs else ""

@@ -169,3 +169,37 @@ def test_fetch_on_a_node_with_mixed_gpus_looks_nothing_up(store_of_four, tmp_pat
     assert any("GPUs differ from each other" in w for w in got["warnings"])
     with pytest.raises(build.BuildError, match="GPUs differ"):
         build.pack_root(tmp_path / "node", tiny_recipe(), tmp_path / "x.tar.zst", fp=mixed)
+
+
+def test_an_image_build_without_the_gpu_fetches_for_a_saved_fingerprints_gpus(tmp_path):
+    """The release pipeline's case: the CI build ran in the serving image on an H200 node; the image
+    is baked on a machine with no GPU (this one), which takes the GPUs from a node's saved fingerprint."""
+    root = tmp_path / "build-root"
+    files = make_cache_tree(root)
+    h200_node = nodes.gpu_node("h200")
+    built = {**fingerprint.probe(root=root, model="/models/tiny"), "gpu": h200_node["gpu"]}
+    art = tmp_path / "h200.tar.zst"
+    build.pack_root(root, tiny_recipe(), art, fp=built)
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, art)
+
+    assert fetch.fetch(tiny_recipe(), store, tmp_path / "plain")["status"] == "miss"  # no GPU here
+    saved = tmp_path / "h200-node.json"
+    saved.write_text(json.dumps(h200_node))  # what `warmer fingerprint --json` printed on the node
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    out = run_warmer("fetch", recipe, "--store", store.url, "--root", tmp_path / "image-root", "--require",
+                     "--gpus-from", saved)
+    assert out.returncode == 0, out.stderr
+    assert f"for GPUs: {h200_node['gpu']['count']} x NVIDIA H200 (sm 9.0" in out.stderr
+    rel = next(r for r in files if r.endswith(".so"))
+    assert (tmp_path / "image-root" / rel).read_bytes() == files[rel]
+
+    # A fingerprint without GPUs (this machine's), or no fingerprint at all, is refused by name.
+    here = tmp_path / "here.json"
+    here.write_text(run_warmer("fingerprint", "--json").stdout)
+    (tmp_path / "junk.json").write_text("GPU: H200")
+    for bad, says in ((here, "describes no GPU"), (tmp_path / "junk.json", "is not a fingerprint"),
+                      (tmp_path / "absent.json", "cannot read the fingerprint file")):
+        out = run_warmer("fetch", recipe, "--store", store.url, "--root", tmp_path / "r2", "--gpus-from", bad)
+        assert out.returncode == 1 and says in out.stderr and "warmer fingerprint --json >" in out.stderr
+        assert "Traceback" not in out.stderr

@@ -254,6 +254,9 @@ def test_dockerfile_stages_bake_caches_at_the_serving_root_without_credentials_i
     runs = [rest for op, rest in ins if op == "RUN"]
     (fetch,) = [r for r in runs if "warmer fetch" in r]
     assert "--require" in fetch and "--mount=type=secret" in fetch
+    # A builder without GPUs: the target GPUs come from a saved fingerprint in the build context.
+    assert "--gpus-from /tmp/gpus.json" in fetch and "source=${GPUS_FROM},target=/tmp/gpus.json" in fetch
+    assert "--device" not in fetch
     assert '--root "/cache/${RECIPE}"' in fetch and "--env-file /etc/warmer/vllm.env --env-format shell" in fetch
     (restore_run,) = [r for r in runs if "warmer restore" in r]
     assert "--mount=type=bind" in restore_run and "--recipe" in restore_run
