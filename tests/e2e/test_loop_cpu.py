@@ -3,15 +3,22 @@
 Each engine start takes tens of seconds on a 2-core machine; these tests take minutes.
 """
 
+import http.client
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 
 from tests.conftest import REPO, run_python
+from warmer import recipe as recipes
+from warmer import verify, warmup
 
 pytestmark = pytest.mark.e2e
 TINY = REPO / "manifests" / "models" / "tiny-llama-cpu.toml"
@@ -54,6 +61,74 @@ def verified(root, tmp_path, tiny_model, built):
     return checked
 
 
+class _UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def _call(uds: str, method: str, url: str, body: dict | None = None, timeout: float = 120) -> tuple[int, bytes]:
+    conn = _UnixHTTP(uds, timeout)
+    try:
+        conn.request(method, url, body=json.dumps(body) if body else None,
+                     headers={"Content-Type": "application/json"} if body else {})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def served_by_vllms_api_server(root, env_file, tiny_model, tmp_path) -> dict:
+    """Serve from root the way production does: vLLM's OpenAI API server (not LLM(), which warms),
+    with the env fetch wrote and the recipe's engine args as flags; send the recipe's prompt
+    lengths, stop it. Returns what its log says and which cache files it wrote."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WARMER_TINY_MODEL", str(tiny_model))
+        recipe = recipes.load(TINY)
+    flags = [a for k, v in recipe.engine.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    env = {**os.environ, **dict(line.split("=", 1) for line in env_file.read_text().splitlines()),
+           "VLLM_NO_USAGE_STATS": "1"}
+    uds = os.path.join(tempfile.mkdtemp(dir="/tmp", prefix="w-"), "api.sock")  # under 107 bytes
+    before = verify.snapshot(root)
+    log_path = tmp_path / "api-server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", recipe.model,
+                                 *flags, "--uds", uds], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while True:  # readiness: /health answers 200 once the engine is up
+            assert proc.poll() is None, f"the API server exited {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "the API server was not ready in 600 s"
+            try:
+                if _call(uds, "GET", "/health", timeout=5)[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        for length in recipe.workload.prompt_lengths:
+            status, body = _call(uds, "POST", "/v1/completions", {
+                "model": recipe.model, "prompt": list(range(11, 11 + length)), "max_tokens": 8,
+                "ignore_eos": True, "temperature": 0.8, "top_p": 0.95, "top_k": 20})
+            assert status == 200 and len(json.loads(body)["choices"]) == 1, body[:500]
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return {"log": warmup.parse_log(log_path.read_text(errors="replace")),
+            "files": verify.delta(before, verify.snapshot(root))}
+
+
 @requires_vllm
 def test_build_fetch_verify_with_zero_recompiled_files(tmp_path, tiny_model, s3_url):
     store = f"file://{tmp_path / 'store'}"
@@ -79,6 +154,13 @@ def test_build_fetch_verify_with_zero_recompiled_files(tmp_path, tiny_model, s3_
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(node_root / "inductor")
 
     verified(node_root, tmp_path, tiny_model, built)
+
+    # Production serves through vLLM's API server, not LLM(): with the recipe's engine args pinned
+    # (README: max_num_batched_tokens), what LLM() compiled is what the server looks up.
+    served = served_by_vllms_api_server(node_root, env_file, tiny_model, tmp_path)
+    assert served["files"]["recompiled_files"] == 0, served["files"]
+    assert not [e for e in warmup.RECOMPILE_EVENTS if served["log"]["events"][e]], served["log"]
+    assert 0 < served["log"]["timings"]["init_engine_s"] < built["cold"]["init_engine_s"]
 
     # The same artifact through S3 (moto's server on loopback, unmodified boto3): publish, fetch
     # into a third root, and start warm from it too.
