@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,26 @@ def write_tiny_recipe(path: Path, model_path: str = "/models/tiny", **engine) ->
         lines += [f"[{table}]"] + [f"{k} = {json.dumps(v)}" for k, v in doc[table].items()]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def publish_at_once(stores: list, artifacts: list[Path]) -> list[dict]:
+    """build.publish of artifacts[i] to stores[i], all released together by a barrier: the race
+    of builders publishing the same key."""
+    from warmer import build
+
+    barrier = threading.Barrier(len(artifacts))
+    results: list = [None] * len(artifacts)
+
+    def publish(i):
+        barrier.wait()
+        results[i] = build.publish(stores[i], artifacts[i])
+
+    threads = [threading.Thread(target=publish, args=(i,)) for i in range(len(artifacts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
 
 
 def run_python(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess:

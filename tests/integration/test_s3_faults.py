@@ -12,8 +12,8 @@ import json
 import boto3
 import pytest
 
-from tests.conftest import make_cache_tree, tiny_recipe
-from tests.integration.conftest import add_big_file
+from tests.conftest import tiny_recipe
+from tests.integration.conftest import pack_with_big_file
 from warmer import build, fetch, restore
 from warmer.store import blob_path
 from warmer.store.s3 import S3Store
@@ -31,18 +31,12 @@ def is_blob_get(r):
 
 @pytest.fixture
 def artifact(tmp_path):
-    root = tmp_path / "build-root"
-    files = make_cache_tree(root)
-    add_big_file(root, 11 * MiB)
-    files["inductor/ab/big-kernel.so"] = (root / "inductor/ab/big-kernel.so").read_bytes()
-    art = tmp_path / "tiny.tar.zst"
-    doc = build.pack_root(root, tiny_recipe(), art)
-    return {"path": art, "doc": doc, "files": files, "sha256": hashlib.sha256(art.read_bytes()).hexdigest()}
+    return pack_with_big_file(tmp_path, 11 * MiB)
 
 
 @pytest.fixture
 def published(artifact, s3_url):
-    build.publish(S3Store(s3_url, part_size=5 * MiB), artifact["path"])
+    build.publish(S3Store(s3_url, part_size=5 * MiB), artifact["artifact"])
     return artifact
 
 
@@ -75,7 +69,7 @@ def test_publish_survives_throttling_500s_and_resets(artifact, s3_url, bucket, p
         # that the entry there is its own.
         proxy.inject("reset-after", lambda r: r.method == "PUT" and r.is_index),
     ]
-    result = build.publish(S3Store(s3_url, endpoint_url=proxy.url, part_size=5 * MiB), artifact["path"])
+    result = build.publish(S3Store(s3_url, endpoint_url=proxy.url, part_size=5 * MiB), artifact["artifact"])
     assert [r.fired for r in rules] == [1] * len(rules)
     assert result["status"] == "published" and result["blob_uploaded"]
     s3 = boto3.client("s3")
@@ -108,7 +102,7 @@ def test_a_corrupted_download_is_fetched_again(published, s3_url, proxy, node_ro
     got = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url, part_size=1 * MiB), node_root)
     assert rule.fired == 1
     assert got["status"] == "hit", got["warnings"]
-    parts = -(-published["path"].stat().st_size // MiB)
+    parts = -(-published["artifact"].stat().st_size // MiB)
     assert len([r for r in proxy.requests if is_blob_get(r)]) == 2 * parts  # the whole blob, twice
     assert restore.active(node_root)["archive_sha256"] == published["sha256"]
 

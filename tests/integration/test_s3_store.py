@@ -9,13 +9,12 @@ import pty
 import socket
 import subprocess
 import sys
-import threading
 
 import boto3
 import pytest
 
-from tests.conftest import make_cache_tree, run_python, run_warmer, tiny_recipe, write_tiny_recipe
-from tests.integration.conftest import SECRET, add_big_file
+from tests.conftest import make_cache_tree, publish_at_once, run_python, run_warmer, tiny_recipe, write_tiny_recipe
+from tests.integration.conftest import SECRET, pack_with_big_file
 from warmer import build, fetch, restore
 from warmer.store import StoreError, blob_path, index_path, open_store
 from warmer.store.s3 import S3Store
@@ -30,13 +29,7 @@ def _object(bucket: str, key: str) -> bytes:
 @pytest.fixture
 def packed(tmp_path):
     """An artifact of the tiny recipe (12 MB: three 5 MiB multipart parts) and its files."""
-    root = tmp_path / "build-root"
-    files = make_cache_tree(root)
-    add_big_file(root, 12 * MiB)
-    files["inductor/ab/big-kernel.so"] = (root / "inductor/ab/big-kernel.so").read_bytes()
-    art = tmp_path / "tiny.tar.zst"
-    doc = build.pack_root(root, tiny_recipe(), art, timings={"build": {"init_engine_s": 30.0}})
-    return {"artifact": art, "doc": doc, "files": files, "sha256": hashlib.sha256(art.read_bytes()).hexdigest()}
+    return pack_with_big_file(tmp_path, 12 * MiB, timings={"build": {"init_engine_s": 30.0}})
 
 
 def test_the_loop_through_s3(packed, s3_url, bucket, proxy, tmp_path):
@@ -86,18 +79,7 @@ def test_eight_concurrent_publishers_of_one_key(tmp_path, s3_url, bucket):
         arts.append(tmp_path / f"race{i}.tar.zst")
         build.pack_root(root, tiny_recipe(), arts[-1], timings={"build": {"run": i}})
     stores = [open_store(s3_url) for _ in range(8)]  # one client each, as separate builders have
-    barrier = threading.Barrier(8)
-    results: list = [None] * 8
-
-    def publish(i):
-        barrier.wait()
-        results[i] = build.publish(stores[i], arts[i])
-
-    threads = [threading.Thread(target=publish, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = publish_at_once(stores, arts)
     assert sorted(r["status"] for r in results) == ["already-published"] * 7 + ["published"]
     winner = next(r for r in results if r["status"] == "published")
     assert all(r["published_blob"] == winner["blob"] for r in results if r is not winner)

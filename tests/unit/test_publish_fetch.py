@@ -2,12 +2,11 @@
 
 import json
 import os
-import threading
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_warmer, tiny_recipe, write_tiny_recipe
+from tests.conftest import publish_at_once, run_warmer, tiny_recipe, write_tiny_recipe
 from warmer import build, fetch, restore
 from warmer.store import open_store
 
@@ -45,13 +44,7 @@ def test_publish_is_idempotent_and_first_writer_wins(published, tmp_path, cache_
     for i in range(8):
         arts.append(tmp_path / f"race{i}.tar.zst")
         build.pack_root(root, tiny_recipe(max_model_len=64), arts[-1], timings={"build": {"run": i}})
-    results = [None] * 8
-    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, build.publish(published["store"], arts[i])))
-               for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = publish_at_once([published["store"]] * 8, arts)
     assert sorted(r["status"] for r in results) == ["already-published"] * 7 + ["published"]
     winner = next(r for r in results if r["status"] == "published")
     assert all(r.get("published_blob", winner["blob"]) == winner["blob"] for r in results)
