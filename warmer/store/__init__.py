@@ -3,25 +3,34 @@
     blobs/sha256/<2 hex>/<sha256>.tar.zst   the archive, named by its own digest
     index/<recipe>/<key>.json               {"recipe", "key", "blob": {"sha256", "size"},
                                              "artifact": artifact.json, "published_at"}
+    audit/<UTC time>-<action>-<recipe>-<key16>.json   who removed what (warmer rm)
 
 A blob goes up first and its index entry last, created only if absent: the first publisher
 wins and a published artifact never changes. A node needs one index read and one blob read.
-Leaf package: imports nothing from warmer outside it.
+The behaviour every backend shares (skip a blob the store has, cap what an index read takes)
+lives in Store; a backend implements the primitive operations. Leaf package: imports nothing
+from warmer outside it but the error base.
 """
 
 from __future__ import annotations
 
+import abc
 import os
 import re
 from datetime import datetime
-from typing import BinaryIO, NamedTuple, Protocol
+from typing import BinaryIO, NamedTuple
+
+from warmer.errors import StoreError, UntrustedInput
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# A recipe's name, as recipes spell it (warmer.recipe uses the same pattern).
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+# An index entry holds artifact.json, about 200 bytes per cached file: 64 MiB is ~300,000 files,
+# far beyond any real cache, and keeps a hostile entry from being read whole into memory.
+MAX_INDEX_BYTES = 64 << 20
 
-
-class StoreError(Exception):
-    """The store cannot be used as given; the message says how to fix it."""
+__all__ = ["Blob", "BlobCorrupt", "BlobMissing", "HEX64", "MAX_INDEX_BYTES", "NAME", "Store", "StoreError",
+           "blob_path", "index_path", "open_store", "parse_blob_path", "parse_index_path"]
 
 
 class BlobMissing(StoreError):
@@ -30,6 +39,10 @@ class BlobMissing(StoreError):
 
 class BlobCorrupt(StoreError):
     """A blob's bytes do not hash to its name, even after downloading it again."""
+
+
+class IndexTooLarge(UntrustedInput):
+    """An index entry larger than MAX_INDEX_BYTES: refused before it is read whole."""
 
 
 class Blob(NamedTuple):
@@ -70,17 +83,71 @@ def parse_blob_path(rel: str) -> str | None:
     return None
 
 
-class Store(Protocol):
+class Store(abc.ABC):
+    """A store: the shared rules here, the transport in each backend."""
+
     url: str
 
+    # -- what every store does the same way ---------------------------------------------------
+
+    def put_blob(self, path: str, sha256: str) -> bool:
+        """Upload the file at path as blob sha256, unless the store has it (a blob's name is its
+        content). True when this call uploaded it."""
+        if self.has_blob(sha256):
+            return False
+        self._upload_blob(path, sha256)
+        return True
+
+    def put_index(self, recipe: str, key: str, entry: bytes) -> bool:
+        """Create the index entry only if it is absent; False: another publisher was first."""
+        if len(entry) > MAX_INDEX_BYTES:
+            raise StoreError(f"index entry {recipe}/{key} is {len(entry)} bytes, over the {MAX_INDEX_BYTES} "
+                             "bytes nodes accept: the artifact lists too many files")
+        return self._create_index(index_path(recipe, key), entry)
+
+    def get_index(self, recipe: str, key: str) -> bytes | None:
+        """The entry's bytes, or None when there is none; at most MAX_INDEX_BYTES are read."""
+        data = self._read_index(index_path(recipe, key), MAX_INDEX_BYTES + 1)
+        if data is not None and len(data) > MAX_INDEX_BYTES:
+            raise IndexTooLarge(f"index entry {recipe}/{key} in {self.url} is larger than {MAX_INDEX_BYTES} "
+                                "bytes: refused (not written by warmer); remove it with `warmer rm`")
+        return data
+
+    def write_audit(self, name: str, record: bytes) -> None:
+        """Keep a small record of a destructive action (warmer rm) in the store itself."""
+        self._create_index(f"audit/{name}.json", record)
+
+    # -- what each backend implements ---------------------------------------------------------
+
+    @abc.abstractmethod
     def has_blob(self, sha256: str) -> bool: ...
-    def put_blob(self, path: str, sha256: str) -> bool: ...
-    def open_blob(self, sha256: str, spool_dir: str | os.PathLike | None = None) -> BinaryIO: ...
-    def put_index(self, recipe: str, key: str, entry: bytes) -> bool: ...
-    def get_index(self, recipe: str, key: str) -> bytes | None: ...
+
+    @abc.abstractmethod
+    def _upload_blob(self, path: str, sha256: str) -> None: ...
+
+    @abc.abstractmethod
+    def open_blob(self, sha256: str, spool_dir: str | os.PathLike | None = None) -> BinaryIO:
+        """The blob's bytes from the start, already checked against its name where the backend
+        must download it whole first."""
+
+    @abc.abstractmethod
+    def _create_index(self, rel: str, entry: bytes) -> bool:
+        """Create rel with entry only if absent (atomically); False when it exists."""
+
+    @abc.abstractmethod
+    def _read_index(self, rel: str, limit: int) -> bytes | None:
+        """At most limit bytes of rel; None when absent. Anything but a regular object is refused."""
+
+    @abc.abstractmethod
     def list_index(self, recipe: str | None = None) -> list[tuple[str, str]]: ...
+
+    @abc.abstractmethod
     def list_blobs(self) -> list[Blob]: ...
+
+    @abc.abstractmethod
     def delete_index(self, recipe: str, key: str) -> None: ...
+
+    @abc.abstractmethod
     def delete_blob(self, sha256: str) -> None: ...
 
 

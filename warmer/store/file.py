@@ -1,18 +1,46 @@
-"""A store in a local (or shared, POSIX) directory: the embedded default."""
+"""A store in a local (or shared, POSIX) directory: the embedded default.
+
+Whoever can write the directory can plant anything in it, so every read opens without
+following a final symlink and without blocking, and refuses what is not a regular file (a FIFO
+would hang a node, a device would feed it without end).
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
 
-from warmer.store import (Blob, BlobMissing, StoreError, blob_path, index_path, parse_blob_path,
-                          parse_index_path)
+from warmer.store import Blob, BlobMissing, Store, StoreError, blob_path, index_path, parse_blob_path, parse_index_path
+
+CHUNK = 1 << 20
 
 
-class FileStore:
+def open_regular(path: str | os.PathLike, what: str) -> BinaryIO | None:
+    """path opened for reading if it is a regular file; None if absent; StoreError otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+            raise StoreError(f"{what} at {path} is a symlink: refused (a store holds regular files only)") from None
+        raise StoreError(f"cannot read {what} at {path}: {e.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise StoreError(f"{what} at {path} is not a regular file (mode {stat.filemode(st.st_mode)}): refused; "
+                         "remove it from the store")
+    os.set_blocking(fd, True)
+    return open(fd, "rb")
+
+
+class FileStore(Store):
     def __init__(self, path: str):
         if not path or not os.path.isabs(path):
             raise StoreError(f"file store path {path!r} must be absolute, e.g. file:///var/lib/warmer/store")
@@ -22,13 +50,10 @@ class FileStore:
     def _blob(self, sha256: str) -> Path:
         return self.base / blob_path(sha256)
 
-    def _index(self, recipe: str, key: str) -> Path:
-        return self.base / index_path(recipe, key)
-
     def _create_once(self, target: Path, write) -> bool:
-        """Write to a temporary file beside target, then link it in: fails if target exists."""
+        """Write to a uniquely named file beside target, then link it in: fails if target exists."""
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".incoming-")
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".incoming-{uuid.uuid4().hex[:8]}-")
         try:
             with os.fdopen(fd, "wb") as f:
                 write(f)
@@ -44,34 +69,35 @@ class FileStore:
             os.unlink(tmp)
 
     def has_blob(self, sha256: str) -> bool:
-        return self._blob(sha256).is_file()
-
-    def put_blob(self, path: str, sha256: str) -> bool:
-        if self.has_blob(sha256):
+        try:
+            return stat.S_ISREG(os.lstat(self._blob(sha256)).st_mode)
+        except FileNotFoundError:
             return False
 
+    def _upload_blob(self, path: str, sha256: str) -> None:
         def copy(out: BinaryIO) -> None:
             with open(path, "rb") as src:
-                while chunk := src.read(1 << 20):
+                while chunk := src.read(CHUNK):
                     out.write(chunk)
-        return self._create_once(self._blob(sha256), copy)
+        self._create_once(self._blob(sha256), copy)
 
     def open_blob(self, sha256: str, spool_dir: str | os.PathLike | None = None) -> BinaryIO:
         # A local file needs no spool: restore reads it in place and checks its digest.
-        try:
-            return open(self._blob(sha256), "rb")
-        except FileNotFoundError:
+        f = open_regular(self._blob(sha256), f"blob {sha256[:16]}")
+        if f is None:
             raise BlobMissing(f"blob {sha256} is missing from {self.url}: the store is damaged; "
-                              "publish the artifact again") from None
+                              "publish the artifact again")
+        return f
 
-    def put_index(self, recipe: str, key: str, entry: bytes) -> bool:
-        return self._create_once(self._index(recipe, key), lambda f: f.write(entry))
+    def _create_index(self, rel: str, entry: bytes) -> bool:
+        return self._create_once(self.base / rel, lambda f: f.write(entry))
 
-    def get_index(self, recipe: str, key: str) -> bytes | None:
-        try:
-            return self._index(recipe, key).read_bytes()
-        except FileNotFoundError:
+    def _read_index(self, rel: str, limit: int) -> bytes | None:
+        f = open_regular(self.base / rel, f"index entry {rel}")
+        if f is None:
             return None
+        with f:
+            return f.read(limit)
 
     def list_index(self, recipe: str | None = None) -> list[tuple[str, str]]:
         base = self.base / "index"
@@ -83,13 +109,13 @@ class FileStore:
         out = []
         for f in sorted((self.base / "blobs" / "sha256").glob("*/*.tar.zst")):
             sha = parse_blob_path(f.relative_to(self.base).as_posix())
-            if sha:
-                st = f.stat()
+            st = f.lstat()
+            if sha and stat.S_ISREG(st.st_mode):
                 out.append(Blob(sha, st.st_size, datetime.fromtimestamp(st.st_mtime, timezone.utc)))
         return out
 
     def delete_index(self, recipe: str, key: str) -> None:
-        self._index(recipe, key).unlink(missing_ok=True)
+        (self.base / index_path(recipe, key)).unlink(missing_ok=True)
 
     def delete_blob(self, sha256: str) -> None:
         self._blob(sha256).unlink(missing_ok=True)

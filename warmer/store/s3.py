@@ -24,7 +24,7 @@ import time
 from contextlib import contextmanager
 from typing import BinaryIO
 
-from warmer.store import (Blob, BlobCorrupt, BlobMissing, StoreError, blob_path, index_path, parse_blob_path,
+from warmer.store import (Blob, BlobCorrupt, BlobMissing, Store, StoreError, blob_path, index_path, parse_blob_path,
                           parse_index_path)
 from warmer.store.progress import Progress
 
@@ -56,7 +56,7 @@ def cap_malloc_arenas(arenas: int = 2) -> bool:
         return False
 
 
-class S3Store:
+class S3Store(Store):
     def __init__(self, url: str, *, endpoint_url: str | None = None, path_style: bool | None = None,
                  progress: bool = False, part_size: int = 16 * MiB, concurrency: int = 10):
         import boto3
@@ -160,10 +160,7 @@ class S3Store:
                     return False
                 raise
 
-    def put_blob(self, path: str, sha256: str) -> bool:
-        """Upload unless the blob is there already: a blob's name is its content."""
-        if self.has_blob(sha256):
-            return False
+    def _upload_blob(self, path: str, sha256: str) -> None:
         key = self.prefix + blob_path(sha256)
         bar = Progress(f"upload {sha256[:12]}", os.path.getsize(path)) if self.progress else None
         try:
@@ -173,7 +170,6 @@ class S3Store:
         finally:
             if bar:
                 bar.close()
-        return True
 
     def open_blob(self, sha256: str, spool_dir: str | os.PathLike | None = None) -> BinaryIO:
         """Download into an anonymous spool file (in spool_dir) and return it, read from the start.
@@ -236,11 +232,11 @@ class S3Store:
 
     # -- index --------------------------------------------------------------------------------
 
-    def put_index(self, recipe: str, key: str, entry: bytes) -> bool:
-        """Create the entry only if absent (If-None-Match: *); False: another publisher was first."""
+    def _create_index(self, rel: str, entry: bytes) -> bool:
+        """Create the object only if absent (If-None-Match: *); False: another publisher was first."""
         from botocore.exceptions import ClientError
 
-        obj = self.prefix + index_path(recipe, key)
+        obj = self.prefix + rel
         for attempt in range(CONFLICT_ATTEMPTS):
             with self._errors("publish", obj):
                 try:
@@ -253,21 +249,25 @@ class S3Store:
                         # Also what a retry sees when an earlier attempt of ours landed and its
                         # answer was lost: the entry is then ours, byte for byte.
                         retried = e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0
-                        return retried and self.get_index(recipe, key) == entry
+                        return retried and self._read_index(rel, len(entry) + 1) == entry
                     if code != "ConditionalRequestConflict" and status != 409:
                         raise
             time.sleep(random.uniform(0, 0.1 * 2 ** attempt))
         raise StoreError(f"publish s3://{self.bucket}/{obj}: still conflicting with another publisher after "
                          f"{CONFLICT_ATTEMPTS} tries; publish again")
 
-    def get_index(self, recipe: str, key: str) -> bytes | None:
+    def _read_index(self, rel: str, limit: int) -> bytes | None:
         from botocore.exceptions import ClientError, IncompleteReadError, ResponseStreamingError
 
-        obj = self.prefix + index_path(recipe, key)
+        obj = self.prefix + rel
         with self._errors("read", obj):
             for attempt in range(1, 4):
                 try:
-                    return self._client.get_object(Bucket=self.bucket, Key=obj)["Body"].read()
+                    body = self._client.get_object(Bucket=self.bucket, Key=obj)["Body"]
+                    try:
+                        return body.read(limit)  # never more than the cap, whatever the object's size
+                    finally:
+                        body.close()
                 except ClientError as e:
                     if self._code(e)[0] == "NoSuchKey":
                         return None
