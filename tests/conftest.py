@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,34 @@ def run_warmer(*args, **kw) -> subprocess.CompletedProcess:
 def cache_tree(tmp_path) -> tuple[Path, dict[str, bytes]]:
     root = tmp_path / "build-root"
     return root, make_cache_tree(root)
+
+
+@dataclass(frozen=True)
+class Packed:
+    path: Path                 # the artifact file
+    artifact: "object"         # its warmer.artifact.Artifact
+    files: dict[str, bytes]    # what it holds, by root-relative path
+    source: Path               # the cache tree it was packed from
+
+
+@pytest.fixture
+def packed(tmp_path):
+    """A factory of artifacts packed by warmer itself from the fake cache tree (plus extra files):
+    packed("B", extra={"inductor/big.so": data}, recipe=..., fp=...). timings["build"]["name"]
+    is the name, so a restored root says which artifact it holds."""
+    from warmer import build
+
+    def make(name: str = "a", *, extra: dict[str, bytes] | None = None, recipe: Recipe | None = None, fp=None,
+             timings: dict | None = None) -> Packed:
+        src = tmp_path / f"src-{name}"
+        files = make_cache_tree(src)
+        for rel, data in (extra or {}).items():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            (src / rel).write_bytes(data)
+            files[rel] = data
+        path = tmp_path / f"{name}.tar.zst"
+        art = build.pack_root(src, recipe or tiny_recipe(), path, fp=fp,
+                              timings=timings if timings is not None else {"build": {"name": name}})
+        return Packed(path, art, files, src)
+
+    return make

@@ -8,7 +8,8 @@ Layout of an archive: two concatenated zstd frames that together are one tar str
 
 The manifest comes first so that extraction can check each member as it streams by, and it
 sits in its own frame so it can be rewritten (timings added after verify) without
-recompressing the files. Leaf module: imports nothing from warmer.
+recompressing the files. One header reader (_Inflated.header) serves both reading the manifest
+and extracting. Leaf module: imports nothing from warmer but the error base and warmer.untrusted.
 """
 
 from __future__ import annotations
@@ -22,9 +23,13 @@ import tarfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable
+from typing import BinaryIO, Callable, Iterable, NamedTuple
 
 import zstandard
+
+from warmer.atomic import atomic_write
+from warmer.errors import UntrustedInput
+from warmer.untrusted import MAX_INT, Fields, InvalidDocument
 
 MANIFEST_MEMBER = "artifact.json"
 CHUNK = 1 << 20
@@ -33,7 +38,7 @@ BLOCK = tarfile.BLOCKSIZE
 MODE_MASK = 0o755
 
 
-class ArchiveError(Exception):
+class ArchiveError(UntrustedInput):
     """The archive is unreadable, or does not match its manifest."""
 
 
@@ -50,8 +55,19 @@ class FileEntry:
                 "mode": self.mode, "mtime_ns": self.mtime_ns}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "FileEntry":
-        return cls(str(d["path"]), int(d["size"]), str(d["sha256"]), int(d["mode"]), int(d["mtime_ns"]))
+    def from_json(cls, f: Fields) -> "FileEntry":
+        """One entry of artifact.json's files, refused unless every field is what extraction may use."""
+        path = f.str("path", max_len=4096)
+        try:
+            _safe_name(path)
+        except ArchiveError as e:
+            raise InvalidDocument(f"{f.where}.path: {e}") from None
+        sha = f.str("sha256", max_len=64)
+        if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+            raise InvalidDocument(f"{f.where}.sha256 must be 64 lower-case hex digits")
+        # mtime_ns: what os.utime takes (a signed 64-bit count of nanoseconds, up to the year 2262).
+        return cls(path, f.int("size", low=0, high=MAX_INT), sha, f.int("mode", low=0, high=0o7777),
+                   f.int("mtime_ns", low=0, high=MAX_INT))
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -62,6 +78,17 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+# The fields of a ustar header block (POSIX.1-1988, as pax extends it): byte ranges in its 512 bytes.
+H_NAME = slice(0, 100)
+H_MODE = slice(100, 108)
+H_IDS_SIZE_MTIME = slice(100, 148)   # mode, uid, gid, size, mtime: written together
+H_SIZE = slice(124, 136)
+H_CHKSUM = slice(148, 156)
+H_TYPE = slice(156, 157)
+H_MAGIC = slice(257, 265)
+H_PREFIX = slice(345, 500)
+
+
 def _member_header(name: str, size: int, mode: int, mtime_ns: int) -> bytes:
     mtime = mtime_ns // 1_000_000_000
     if len(name) <= 100 and name.isascii() and 0 <= size < 8 ** 11 and 0 <= mtime < 8 ** 11:
@@ -69,8 +96,8 @@ def _member_header(name: str, size: int, mode: int, mtime_ns: int) -> bytes:
         # its per-member cost (tens of microseconds, thousands of members).
         block = bytearray(_USTAR_TEMPLATE)
         block[0:len(name)] = name.encode("ascii")
-        block[100:148] = b"%07o\0%s%011o\0%011o\0" % (mode & MODE_MASK, b"0000000\0" * 2, size, mtime)
-        block[148:155] = b"%06o\0" % sum(block)
+        block[H_IDS_SIZE_MTIME] = b"%07o\0%s%011o\0%011o\0" % (mode & MODE_MASK, b"0000000\0" * 2, size, mtime)
+        block[H_CHKSUM.start:H_CHKSUM.stop - 1] = b"%06o\0" % sum(block)
         return bytes(block)
     info = tarfile.TarInfo(name)
     info.size = size
@@ -170,14 +197,10 @@ def first_frame_size(f: BinaryIO) -> int:
 
 def replace_manifest(path: Path, manifest: bytes) -> None:
     """Swap in a new manifest frame, keeping the body frame's bytes; atomic by rename."""
-    tmp = path.with_name(path.name + ".tmp")
     with open(path, "rb") as src:
         src.seek(first_frame_size(src))
-        with open(tmp, "wb") as dst:
+        with atomic_write(path) as dst:
             assemble(manifest, src, dst)
-            dst.flush()
-            os.fsync(dst.fileno())
-    os.replace(tmp, path)
 
 
 class _HashingReader:
@@ -195,50 +218,30 @@ class _HashingReader:
         return data
 
 
-class _LimitedReader:
-    """Caps the decompressed bytes, so that a hostile archive cannot inflate without end
-    (tar headers, pax records included, are read into memory before any check can see them)."""
-
-    def __init__(self, raw, limit: int):
-        self.raw = raw
-        self.limit = limit
-        self.bytes = 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
-        self.bytes += len(data)
-        if self.bytes > self.limit:
-            raise ArchiveError(f"the archive inflates past {self.limit} bytes, more than its manifest "
-                               "declares: refused (decompression bomb or corrupt archive)")
-        return data
-
-
 MANIFEST_LIMIT = 256 << 20  # artifact.json of a million files stays far below this
 # Threads that create and write the files of an extraction: file creation is mostly kernel
 # time, and it scales past one core. More than the machine's cores only adds switching.
 WRITERS = max(1, min(4, os.cpu_count() or 1))
 
 
-def _open_stream(raw: BinaryIO):
-    hashing = _HashingReader(raw)
-    limited = _LimitedReader(zstandard.ZstdDecompressor().stream_reader(hashing, read_across_frames=True),
-                             MANIFEST_LIMIT)
-    try:
-        return hashing, limited, tarfile.open(fileobj=limited, mode="r|")
-    except (tarfile.TarError, zstandard.ZstdError) as e:
-        raise ArchiveError(f"not a tar.zst archive: {e}") from e
-
-
 def read_manifest(raw: BinaryIO) -> bytes:
     """artifact.json from the head of an archive, without reading the files after it."""
-    _, _, tf = _open_stream(raw)
+    stream = _Inflated(zstandard.ZstdDecompressor().stream_reader(raw, read_size=64 << 10, read_across_frames=True),
+                       MANIFEST_LIMIT)
     try:
-        member = tf.next()
-    except (tarfile.TarError, zstandard.ZstdError) as e:
+        return _manifest(stream)
+    except (zstandard.ZstdError, EOFError, UnicodeError) as e:
         raise ArchiveError(f"unreadable archive: {e}") from e
-    if member is None or member.name != MANIFEST_MEMBER or not member.isreg():
+
+
+def _manifest(stream: "_Inflated") -> bytes:
+    """The first member, which must be artifact.json."""
+    first = stream.header()
+    if first is None or first.name != MANIFEST_MEMBER or first.type not in _REGULAR:
         raise ArchiveError(f"the first member is not {MANIFEST_MEMBER}; was it made by warmer pack?")
-    return tf.extractfile(member).read()
+    manifest = stream.exact(first.size)
+    stream.exact(-first.size % BLOCK)
+    return manifest
 
 
 def _safe_name(name: str) -> str:
@@ -286,12 +289,15 @@ def _pax_records(data: bytes) -> dict[str, str]:
     return out
 
 
-class _Member:
-    """What extraction needs of a tar header."""
-    __slots__ = ("name", "type", "mode", "size")
+_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
 
-    def __init__(self, name: str, type_: bytes, mode: int, size: int):
-        self.name, self.type, self.mode, self.size = name, type_, mode, size
+
+class _Member(NamedTuple):
+    """What extraction needs of a tar header."""
+    name: str
+    type: bytes
+    mode: int
+    size: int
 
 
 def _octal(field: bytes) -> int:
@@ -301,19 +307,22 @@ def _octal(field: bytes) -> int:
 def _parse_header(block: bytes) -> _Member:
     """A header block: the plain ustar regular-file header (all warmer writes but pax records)
     read directly, a few times faster than tarfile; anything else, and any doubt, by tarfile."""
-    if (block[156:157] == tarfile.REGTYPE and block[257:265] == tarfile.POSIX_MAGIC
-            and not (block[100] | block[124] | block[148]) & 0x80):  # no base-256 numbers
+    if (block[H_TYPE] == tarfile.REGTYPE and block[H_MAGIC] == tarfile.POSIX_MAGIC
+            and not (block[H_MODE.start] | block[H_SIZE.start] | block[H_CHKSUM.start]) & 0x80):  # no base-256
         try:
-            checksum, mode, size = _octal(block[148:156]), _octal(block[100:108]), _octal(block[124:136])
+            checksum, mode, size = _octal(block[H_CHKSUM]), _octal(block[H_MODE]), _octal(block[H_SIZE])
         except ValueError:
             checksum = -1
-        if checksum == 256 + sum(block[:148]) + sum(block[156:]):
-            name = block[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            prefix = block[345:500].split(b"\0", 1)[0]
+        if checksum == 256 + sum(block[:H_CHKSUM.start]) + sum(block[H_CHKSUM.stop:]):
+            name = block[H_NAME].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            prefix = block[H_PREFIX].split(b"\0", 1)[0]
             if prefix:
                 name = prefix.decode("utf-8", "surrogateescape") + "/" + name
             return _Member(name, tarfile.REGTYPE, mode, size)
-    info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    try:
+        info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    except (tarfile.TarError, ValueError, UnicodeError) as e:
+        raise ArchiveError(f"unreadable tar header: {e}") from None
     return _Member(info.name, info.type, info.mode, info.size)
 
 
@@ -329,6 +338,8 @@ class _Inflated:
         self.buf = memoryview(b"")
 
     def claim(self, n: int) -> None:
+        if n < 0:  # a negative size would read backwards forever
+            raise ArchiveError(f"a member declares a negative size ({n}): corrupt or hostile archive")
         self.total += n
         if self.total > self.limit:
             raise ArchiveError(f"the archive inflates past {self.limit} bytes, more than its manifest "
@@ -366,6 +377,8 @@ class _Inflated:
             if block == _ZERO_BLOCK:
                 return None
             info = _parse_header(block)
+            if info.size < 0:
+                raise ArchiveError(f"member {info.name!r}: negative size {info.size}: corrupt or hostile archive")
             if info.type != tarfile.XHDTYPE:
                 break
             pax.update(_pax_records(self.exact(info.size)))
@@ -373,13 +386,31 @@ class _Inflated:
         if any(k.startswith("GNU.sparse.") for k in pax):
             raise ArchiveError(f"member {pax.get('path', info.name)!r}: a sparse file; only regular files are allowed")
         if "path" in pax:
-            info.name = pax["path"]
+            info = info._replace(name=pax["path"])
         if "size" in pax:
-            try:
-                info.size = int(pax["size"])
-            except ValueError:
-                raise ArchiveError(f"member {info.name!r}: malformed pax size {pax['size']!r}") from None
+            size = pax["size"]
+            if not size.isdigit() or len(size) > 19:  # pax sizes are decimal; no sign, no 10^19 bytes
+                raise ArchiveError(f"member {info.name!r}: malformed pax size {size!r}")
+            info = info._replace(size=int(size))
         return info
+
+
+class _SmallFiles(NamedTuple):
+    batch: list  # (rel, view, sha256, mode, mtime_ns) of files each whole in one view
+
+
+class _Open(NamedTuple):
+    rel: str
+    want: str  # the sha256 artifact.json gives
+
+
+class _Data(NamedTuple):
+    view: memoryview
+
+
+class _Close(NamedTuple):
+    mode: int
+    mtime_ns: int
 
 
 class _Writer:
@@ -423,7 +454,7 @@ class _Writer:
                 self.room.wait()
             if self.error is not None:
                 raise self.error
-            if item[0] in ("files", "open"):  # new files: to the thread with the least to do
+            if isinstance(item, (_SmallFiles, _Open)):  # new files: to the thread with the least to do
                 self.lane = min(range(len(self.pending)), key=self.pending.__getitem__)
             self.held += cost
             self.pending[self.lane] += cost
@@ -440,7 +471,7 @@ class _Writer:
         if self.batch:
             batch, nbytes = self.batch, self.batch_bytes
             self.batch, self.batch_bytes = [], 0
-            self.put(("files", batch), nbytes)
+            self.put(_SmallFiles(batch), nbytes)
 
     def close(self, ok: bool) -> None:
         """Wait for every write and check; with ok=False, drop what is left."""
@@ -495,24 +526,21 @@ class _Writer:
         f.close()
 
     def _do(self, item: tuple, f: "_OpenFile") -> None:
-        op = item[0]
-        if op == "data":
-            f.sha256.update(item[1])
-            self._write(f.fd, item[1])
-            return
-        if op == "open":
-            _, f.rel, f.want = item
+        if isinstance(item, _Data):
+            f.sha256.update(item.view)
+            self._write(f.fd, item.view)
+        elif isinstance(item, _Open):
+            f.rel, f.want = item
             f.sha256 = hashlib.sha256()
             f.fd = self._open(f.rel)
-            return
-        if op == "files":  # small files, each whole: most of them
-            for f.rel, view, f.want, mode, mtime_ns in item[1]:
+        elif isinstance(item, _SmallFiles):  # most files
+            for f.rel, view, f.want, mode, mtime_ns in item.batch:
                 f.sha256 = hashlib.sha256(view)
                 f.fd = self._open(f.rel)
                 self._write(f.fd, view)
                 self._check_and_close(f, mode, mtime_ns)
-        else:  # "close"
-            self._check_and_close(f, item[1], item[2])
+        else:
+            self._check_and_close(f, item.mode, item.mtime_ns)
 
     def _check_and_close(self, f: "_OpenFile", mode: int, mtime_ns: int) -> None:
         if f.sha256.hexdigest() != f.want:
@@ -534,25 +562,56 @@ class _OpenFile:
             os.close(fd)
 
 
-def extract(raw: BinaryIO, dest: Path, manifest_entries: Callable[[bytes], dict[str, FileEntry]],
+class _Checker:
+    """The writer's interface without writing: hashes every file in this thread and compares it
+    with artifact.json (what publish runs before an artifact may enter a store)."""
+
+    threads: list = []
+
+    def __init__(self):
+        self.f = _OpenFile()
+
+    def small_file(self, rel: str, view, want: str, mode: int, mtime_ns: int) -> None:
+        if hashlib.sha256(view).hexdigest() != want:
+            raise ArchiveError(f"member {rel!r}: sha256 differs from {MANIFEST_MEMBER}; the artifact is corrupt")
+
+    def put(self, item, nbytes: int = 0) -> None:
+        if isinstance(item, _Open):
+            self.f.rel, self.f.want = item
+            self.f.sha256 = hashlib.sha256()
+        elif isinstance(item, _Data):
+            self.f.sha256.update(item.view)
+        elif self.f.sha256.hexdigest() != self.f.want:
+            raise ArchiveError(f"member {self.f.rel!r}: sha256 differs from {MANIFEST_MEMBER}; the artifact is corrupt")
+
+    def flush(self) -> None:
+        pass
+
+    def close(self, ok: bool) -> None:
+        pass
+
+
+def check(raw: BinaryIO, manifest_entries: Callable[[bytes], dict[str, FileEntry]],
+          max_total_bytes: int) -> Extracted:
+    """Read a whole archive as extract() does, every member checked, and write nothing."""
+    return extract(raw, None, manifest_entries, max_total_bytes)
+
+
+def extract(raw: BinaryIO, dest: Path | None, manifest_entries: Callable[[bytes], dict[str, FileEntry]],
             max_total_bytes: int) -> Extracted:
     """Unpack into dest (a new, empty directory), refusing anything the manifest does not list.
 
     manifest_entries turns the embedded artifact.json into the expected files (and may refuse
     it). Each file is written as it streams by, hashed, and compared with the manifest; a
     mismatch raises and leaves dest for the caller to discard. Returns only once every file is
-    written and checked.
+    written and checked. With dest None, nothing is written (check()).
     """
     hashing = _HashingReader(raw)
     stream = _Inflated(zstandard.ZstdDecompressor().stream_reader(hashing, read_size=CHUNK, read_across_frames=True),
                        MANIFEST_LIMIT)
     writer = None
     try:
-        first = stream.header()
-        if first is None or first.name != MANIFEST_MEMBER or first.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
-            raise ArchiveError(f"the first member is not {MANIFEST_MEMBER}; was it made by warmer pack?")
-        manifest = stream.exact(first.size)
-        stream.exact(-first.size % BLOCK)
+        manifest = _manifest(stream)
         expected = manifest_entries(manifest)
         total_expected = sum(e.size for e in expected.values())
         if total_expected > max_total_bytes:
@@ -566,10 +625,10 @@ def extract(raw: BinaryIO, dest: Path, manifest_entries: Callable[[bytes], dict[
                                "setuid, setgid, sticky and group/world-writable modes are refused")
         seen: set[str] = set()
         written = 0
-        writer = _Writer(dest, WRITERS)
+        writer = _Writer(dest, WRITERS) if dest is not None else _Checker()
         while (member := stream.header()) is not None:
             name = _safe_name(member.name)
-            if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+            if member.type not in _REGULAR:
                 raise ArchiveError(f"member {name!r}: a {_KINDS.get(member.type, f'type {member.type!r}')}; "
                                    "only regular files are allowed")
             if member.mode & 0o7000:
@@ -591,13 +650,13 @@ def extract(raw: BinaryIO, dest: Path, manifest_entries: Callable[[bytes], dict[
                 writer.small_file(name, view, entry.sha256, mode, entry.mtime_ns)
             else:
                 writer.flush()
-                writer.put(("open", name, entry.sha256))
-                writer.put(("data", view), len(view))
+                writer.put(_Open(name, entry.sha256))
+                writer.put(_Data(view), len(view))
                 while left:
                     view = stream.piece(left)
-                    writer.put(("data", view), len(view))
+                    writer.put(_Data(view), len(view))
                     left -= len(view)
-                writer.put(("close", mode, entry.mtime_ns))
+                writer.put(_Close(mode, entry.mtime_ns))
             stream.exact(-entry.size % BLOCK)
             written += entry.size
         # Drain what follows the end-of-archive blocks, so the archive's digest covers every byte.

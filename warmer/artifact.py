@@ -5,87 +5,181 @@ Schema 1 (a JSON object):
     warmer          the warmer version that packed it
     key             compat.key(fingerprint, recipe identity): what a node looks up
     recipe          {"name", "digest", "identity"}: the recipe the caches were warmed with
-    fingerprint     the build node (fingerprint.probe())
-    path_contract   the absolute paths the caches were built at: root, model, python prefix
+    fingerprint     the build node (warmer.fingerprint.Fingerprint)
+    path_contract   the absolute paths the caches were built at (warmer.contract.PathContract)
     components      per cache kind: env var(s), relocatable, files, bytes
     files           [{"path", "size", "sha256", "mode", "mtime_ns"}], paths relative to the root
     timings         {"build": {...}, "verify": {...}} measured, in seconds
     created_at      UTC, ISO 8601
+    vllm            optional: what vLLM itself hashed at build (warmer.vllmkey.VllmKey)
+
+Newer warmers may add optional fields to schema 1; a reader keeps them (they are signed and
+hashed with the rest) and ignores what it does not know. The byte form (canonical()) is what
+ids and signatures are computed over, so an Artifact keeps the exact bytes it was parsed from.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
+from typing import Any, Mapping
 
 from warmer import __version__
-from warmer.archive import FileEntry
+from warmer.archive import MANIFEST_LIMIT, FileEntry
+from warmer.contract import PathContract
+from warmer.fingerprint import Fingerprint
+from warmer.untrusted import Fields, InvalidDocument, load_json
+from warmer.vllmkey import VllmKey
 
 SCHEMA_VERSION = 1
-REQUIRED = ("schema", "key", "recipe", "fingerprint", "path_contract", "components", "files", "timings")
 
 
-class ArtifactError(Exception):
+class ArtifactError(InvalidDocument):
     """artifact.json is missing, malformed, or of a schema this warmer does not read."""
 
 
-def new(*, key: str, recipe: dict, fingerprint: dict, path_contract: dict, components: dict,
-        files: list[FileEntry], timings: dict) -> dict:
-    return {
-        "schema": SCHEMA_VERSION,
-        "warmer": __version__,
-        "key": key,
-        "recipe": recipe,
-        "fingerprint": fingerprint,
-        "path_contract": path_contract,
-        "components": components,
-        "files": [f.to_dict() for f in files],
-        "timings": timings,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def dumps(doc: dict) -> bytes:
+def canonical(doc: Mapping) -> bytes:
     """The one byte form of an artifact.json: its id and signature are over these bytes. Compact, so
     that json's C encoder writes it (indent takes the pure-Python one: 0.1 s at 10,000 files)."""
     return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
-def loads(data: bytes) -> dict:
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ArtifactError(f"artifact.json is not valid JSON: {e}") from e
-    return validate(doc)
+@dataclass(frozen=True)
+class RecipeRef:
+    """The recipe an artifact was warmed with: its name, digest and identity (model, engine args,
+    env, workload) as Recipe.identity() gave them."""
+    name: str
+    digest: str
+    identity: dict = field(hash=False)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "digest": self.digest, "identity": self.identity}
 
 
-def validate(doc) -> dict:
-    """doc, if it is an artifact.json this warmer reads (as parsed from an index entry)."""
-    if not isinstance(doc, dict):
-        raise ArtifactError("artifact.json is not a JSON object")
-    schema = doc.get("schema")
-    if schema != SCHEMA_VERSION:
-        raise ArtifactError(f"artifact.json has schema {schema!r}; this warmer ({__version__}) reads "
-                            f"schema {SCHEMA_VERSION}: use the warmer version that built it")
-    missing = [k for k in REQUIRED if k not in doc]
-    if missing:
-        raise ArtifactError(f"artifact.json lacks {', '.join(missing)}")
-    return doc
+@dataclass(frozen=True)
+class ComponentSummary:
+    subdir: str
+    env: tuple[str, ...]
+    relocatable: bool
+    files: int
+    bytes: int
+
+    def to_json(self) -> dict:
+        return {"subdir": self.subdir, "env": list(self.env), "relocatable": self.relocatable,
+                "files": self.files, "bytes": self.bytes}
 
 
-def entries(doc: dict) -> dict[str, FileEntry]:
-    """The files an artifact lists, by path; refuses a list that names a path twice."""
-    out: dict[str, FileEntry] = {}
-    try:
-        for d in doc["files"]:
-            e = FileEntry.from_dict(d)
+@dataclass(frozen=True)
+class Artifact:
+    schema: int
+    warmer: str
+    key: str
+    recipe: RecipeRef
+    fingerprint: Fingerprint
+    path_contract: PathContract
+    components: dict[str, ComponentSummary] = field(hash=False)
+    files: tuple[FileEntry, ...]
+    timings: dict = field(hash=False)
+    created_at: str
+    vllm: VllmKey | None
+    canonical: bytes = field(repr=False, compare=False)
+
+    # -- making one -----------------------------------------------------------------------------
+
+    @classmethod
+    def new(cls, *, key: str, recipe: RecipeRef, fingerprint: Fingerprint, path_contract: PathContract,
+            components: Mapping[str, ComponentSummary], files: list[FileEntry], timings: dict,
+            vllm: VllmKey | None = None) -> "Artifact":
+        doc = {
+            "schema": SCHEMA_VERSION, "warmer": __version__, "key": key, "recipe": recipe.to_json(),
+            "fingerprint": fingerprint.to_json(), "path_contract": path_contract.to_json(),
+            "components": {n: c.to_json() for n, c in components.items()}, "files": [f.to_dict() for f in files],
+            "timings": timings, "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        if vllm is not None:
+            doc["vllm"] = vllm.to_json()
+        return cls.from_json(doc)
+
+    def with_timings(self, **timings: dict) -> "Artifact":
+        """The same artifact with timings added (verify's, measured after packing)."""
+        doc = self.to_json()
+        doc["timings"] = {**doc["timings"], **timings}
+        return Artifact.from_json(doc)
+
+    # -- parsing and writing ------------------------------------------------------------------------
+
+    @classmethod
+    def from_bytes(cls, data: bytes, what: str = "artifact.json") -> "Artifact":
+        doc = load_json(data, what=what, max_bytes=MANIFEST_LIMIT)
+        art = cls.from_json(doc, what)
+        # Bytes this warmer wrote are already canonical: keep them, so ids match byte for byte.
+        return art
+
+    @classmethod
+    def from_json(cls, doc: Any, what: str = "artifact.json") -> "Artifact":
+        """Parse artifact.json; ArtifactError names the field when it is malformed."""
+        try:
+            f = Fields(doc, what)
+            schema = f.int("schema")
+            if schema != SCHEMA_VERSION:
+                raise ArtifactError(f"{what} has schema {schema}; this warmer ({__version__}) reads schema "
+                                    f"{SCHEMA_VERSION}: use the warmer version that built it, or rebuild")
+            key = f.str("key", max_len=64)
+            if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+                raise ArtifactError(f"{what}.key must be 64 hex digits")
+            r = f.obj("recipe")
+            recipe = RecipeRef(r.str("name", max_len=100), r.str("digest", max_len=64), r.obj("identity").doc)
+            components = {}
+            for name, c in f.items("components"):
+                components[name] = ComponentSummary(c.str("subdir"), c.str_list("env"), c.bool("relocatable"),
+                                                    c.int("files", low=0), c.int("bytes", low=0))
+            files = tuple(FileEntry.from_json(e) for e in f.objs("files"))
+            timings = f.obj("timings").doc
+            vllm = VllmKey.from_json(f.obj("vllm")) if f.raw("vllm") is not None else None
+            art = cls(schema=schema, warmer=f.str("warmer", max_len=64) if f.has("warmer") else "?", key=key,
+                      recipe=recipe, fingerprint=Fingerprint.from_json(f.raw("fingerprint"), f"{what}.fingerprint"),
+                      path_contract=PathContract.from_json(f.obj("path_contract")), components=components,
+                      files=files, timings=timings, created_at=f.str("created_at", max_len=64) if f.has("created_at")
+                      else "", vllm=vllm, canonical=canonical(doc))
+        except ArtifactError:
+            raise
+        except InvalidDocument as e:
+            raise ArtifactError(str(e)) from None
+        art.entries()  # refuses a path listed twice
+        return art
+
+    def to_json(self) -> dict:
+        return json.loads(self.canonical)
+
+    # -- what it holds ------------------------------------------------------------------------------
+
+    @cached_property
+    def id(self) -> str:
+        """Identifies this artifact.json exactly (files, digests and timings)."""
+        return hashlib.sha256(self.canonical).hexdigest()
+
+    def entries(self) -> dict[str, FileEntry]:
+        return self._entries
+
+    @cached_property
+    def _entries(self) -> dict[str, FileEntry]:
+        out: dict[str, FileEntry] = {}
+        for e in self.files:
             if e.path in out:
                 raise ArtifactError(f"artifact.json lists {e.path!r} twice")
             out[e.path] = e
-    except (KeyError, TypeError, ValueError) as e:
-        raise ArtifactError(f"artifact.json has a malformed file entry: {e}") from e
-    return out
+        return out
 
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
 
-def total_bytes(doc: dict) -> int:
-    return sum(int(f["size"]) for f in doc["files"])
+    def created(self) -> datetime | None:
+        try:
+            when = datetime.fromisoformat(self.created_at)
+        except ValueError:
+            return None
+        return when if when.tzinfo else when.replace(tzinfo=timezone.utc)

@@ -1,182 +1,153 @@
-"""Command line: parses arguments, calls the journeys, prints. No logic of its own."""
+"""Command line: parses arguments, calls one warmer.api function per command, renders the result.
+
+Errors are mapped to exit codes in one place (main) by their kind (warmer.errors); with --json
+an error is also a JSON object on stdout, so a pipeline reads one stream.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import signal
 import sys
-import tempfile
 from pathlib import Path
 
-from warmer import (__version__, archive, artifact, build, fetch, fingerprint, report, restore, signing, verify,
-                    warmup)
-from warmer import catalog, explain
-from warmer import doctor, matrix
-from warmer import components
-from warmer.components import flashinfer
-from warmer.recipe import RecipeError, load
-from warmer.store import StoreError, open_store
-
-# Errors whose message is written for the user: print it, no traceback.
-USER_ERRORS = (RecipeError, StoreError, archive.ArchiveError, artifact.ArtifactError, restore.RestoreError,
-               warmup.WarmupError, build.BuildError, signing.SignatureError, matrix.MatrixError,
-               fingerprint.FingerprintError, OSError)
-
-EXIT_ERROR, EXIT_MISS, EXIT_NOT_HIT, EXIT_FINDINGS = 1, 3, 4, 5
+from warmer import __version__, api, errors, matrix, report
+from warmer.errors import EXIT_FINDINGS, EXIT_MISS, EXIT_NOT_HIT, EXIT_OK
+from warmer.restore import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_BYTES
 
 
-def _emit(args, doc: dict, human: str) -> None:
-    print(json.dumps(doc, indent=1, default=str) if args.json else human)
+def _emit(args, result, human: str) -> None:
+    print(json.dumps(result.to_json() if hasattr(result, "to_json") else result, indent=1, default=str)
+          if args.json else human)
 
 
-def _workdir(args) -> Path:
-    return Path(args.workdir).absolute() if args.workdir else Path(tempfile.mkdtemp(prefix="warmer-"))
+def _warn(lines) -> None:
+    for line in lines:
+        print(f"warmer: warning: {line}", file=sys.stderr)
 
 
 def _store_options(args) -> dict:
     # Transfer bars only for a person at a terminal: never in pipelines or with --json.
-    return {"endpoint_url": args.endpoint_url, "path_style": args.s3_path_style or None,
+    return {"endpoint_url": getattr(args, "endpoint_url", None), "path_style": getattr(args, "s3_path_style", None) or None,
             "progress": sys.stderr.isatty() and not args.json}
 
 
-def _store(args):
-    return open_store(args.store, **_store_options(args))
-
-
 def cmd_fingerprint(args) -> int:
-    fp = fingerprint.probe(root=os.path.abspath(args.root) if args.root else None,
-                           model=load(args.recipe).model if args.recipe else None)
+    fp = api.fingerprint(root=args.root, recipe_file=args.recipe)
     _emit(args, fp, report.fingerprint(fp))
-    return 0
+    return EXIT_OK
 
 
 def cmd_explain(args) -> int:
-    recipe = load(args.recipe)
-    node = fingerprint.probe(model=recipe.model)
-    result = explain.explain(_store(args), recipe, node)
+    result = api.explain(args.recipe, args.store, **_store_options(args))
     _emit(args, result, report.explain(result, verbose=args.verbose))
-    return 0
-
-
-def _step_summary(args, result: dict | None, recipe: str, error: str | None = None) -> None:
-    if args.step_summary:
-        with open(args.step_summary, "a") as f:
-            f.write(matrix.step_summary(result, recipe=recipe, error=error))
+    return EXIT_OK
 
 
 def cmd_build(args) -> int:
-    recipe = load(args.recipe)
+    recipe = api.recipe(args.recipe)
     try:
-        result = build.build(recipe, _store(args), Path(args.root), _workdir(args), allow_partial=args.allow_partial,
-                             sign_key=args.sign_key)
-    except Exception as e:  # the CI summary says why, whatever stopped the build
-        if isinstance(e, build.BuildError) and e.report:
-            _emit(args, e.report, report.build(e.report))
-        _step_summary(args, getattr(e, "report", None), recipe.name, str(e))
+        result = api.build(recipe, args.store, args.root, workdir=args.workdir, allow_partial=args.allow_partial,
+                           sign_key=args.sign_key, **_store_options(args))
+    except errors.WarmerError as e:  # the CI summary says why, whatever stopped the build
+        partial = getattr(e, "report", None)
+        if partial is not None:
+            _emit(args, partial, report.build(partial))
+        _step_summary(args, partial, recipe.name, str(e))
         raise
     _step_summary(args, result, recipe.name)
-    for w in result.get("warnings", []):
-        print(f"warmer: warning: {w}", file=sys.stderr)
+    _warn(result.warnings)
+    _warn(report.uncovered(result.uncovered))
     _emit(args, result, report.build(result))
-    return 0
+    return EXIT_OK
+
+
+def _step_summary(args, result, recipe: str, error: str | None = None) -> None:
+    if args.step_summary:
+        with open(args.step_summary, "a") as f:
+            f.write(report.step_summary(result, recipe=recipe, error=error))
 
 
 def cmd_pack(args) -> int:
-    doc = build.pack_root(Path(args.dir), load(args.recipe), Path(args.output), level=args.level)
-    out = {"artifact": args.output, "key": doc["key"], "files": len(doc["files"]),
-           "bytes": artifact.total_bytes(doc), "archive_bytes": os.path.getsize(args.output)}
-    _emit(args, out, report.pairs(out))
-    return 0
+    result = api.pack(args.dir, args.recipe, args.output, level=args.level)
+    _emit(args, result, report.pairs(result.to_json()))
+    return EXIT_OK
 
 
 def cmd_publish(args) -> int:
-    result = build.publish(_store(args), Path(args.file), args.sign_key)
-    _emit(args, result, report.pairs(result))
-    return 0
+    result = api.publish(args.file, args.store, sign_key=args.sign_key, **_store_options(args))
+    _emit(args, result, report.pairs(result.to_json()))
+    return EXIT_OK
 
 
-def _write_env(env: dict, env_file: str | None, fmt: str, args) -> None:
-    if env_file:
-        Path(env_file).write_text(restore.render_env(env, fmt))
+def _write_env(args, env) -> None:
+    if args.env_file:
+        api.write_env(env, args.env_file, args.env_format)
     elif not args.json:
-        sys.stdout.write(restore.render_env(env, "shell"))
+        sys.stdout.write(env.render("shell"))
 
 
 def cmd_fetch(args) -> int:
-    recipe = load(args.recipe)
-    gpus = fingerprint.saved_gpus(args.gpus_from) if args.gpus_from else None
-    result = fetch.fetch(recipe, _store(args), Path(args.root), max_bytes=args.max_bytes,
-                         trusted_keys=args.trusted_key or (), gpus=gpus)
-    for w in result["warnings"]:
-        print(f"warmer: warning: {w}", file=sys.stderr)
+    result = api.fetch(args.recipe, args.store, args.root, gpus_from=args.gpus_from, trusted_keys=args.trusted_key or (),
+                       max_bytes=args.max_bytes, offline=args.offline, lock_timeout=args.lock_timeout,
+                       **_store_options(args))
+    _warn(result.warnings)
     print(report.fetch(result), file=sys.stderr)
-    _write_env(result["env"], args.env_file, args.env_format, args)
+    _write_env(args, result.env)
     if args.json:
-        print(json.dumps(result, indent=1, default=str))
-    if result["status"] in ("hit", "already-active"):
-        return 0
-    return EXIT_MISS if args.require else 0
+        print(json.dumps(result.to_json(), indent=1, default=str))
+    return EXIT_OK if result.hit or not args.require else EXIT_MISS
 
 
 def cmd_restore(args) -> int:
-    signature = json.loads(Path(args.signature).read_text()) if args.signature else None
-    result = restore.restore_file(Path(args.file), Path(args.root), max_bytes=args.max_bytes,
-                                  trusted_keys=args.trusted_key or (), signature=signature)
+    result = api.restore(args.file, args.root, trusted_keys=args.trusted_key or (), signature_file=args.signature,
+                         max_bytes=args.max_bytes, force=args.force, lock_timeout=args.lock_timeout)
     if args.recipe:
-        result["env"] = warmup.serve_env(load(args.recipe), Path(os.path.abspath(args.root)))
-        _write_env(result["env"], args.env_file, args.env_format, args)
-    _emit(args, result, report.pairs(result))
-    return 0
+        _write_env(args, api.serving_env(args.recipe, args.root, offline=args.offline))
+    _emit(args, result, report.pairs(result.to_json()))
+    return EXIT_OK
 
 
 def cmd_verify(args) -> int:
-    root = Path(os.path.abspath(args.root))
-    marker = restore.active(root)
-    cold = marker["artifact"]["timings"].get("build") if marker else None
-    result = verify.verify(load(args.recipe), root, _workdir(args), cold=cold)
+    result = api.verify(args.recipe, args.root, workdir=args.workdir)
     _emit(args, result, report.verify(result))
-    return 0 if result["verdict"] == "hit" else EXIT_NOT_HIT
+    return EXIT_OK if result.verdict == "hit" else EXIT_NOT_HIT
 
 
 def cmd_flashinfer_check(args) -> int:
-    root = Path(os.path.abspath(args.root))
-    extra = warmup.serve_env(load(args.recipe), root) if args.recipe else components.cache_env(root)
-    marker = restore.active(root)
-    built = marker["artifact"]["path_contract"].get("flashinfer") if marker else None
-    result = flashinfer.check(root, {**os.environ, **extra}, built, backdate_inputs=args.backdate,
-                              include_site_packages=args.include_site_packages)
+    result = api.flashinfer_check(args.root, recipe_file=args.recipe, backdate=args.backdate,
+                                  include_site_packages=args.include_site_packages)
     _emit(args, result, report.flashinfer_check(result))
     final = result.get("dry_run_after", result["dry_run"])
-    return 0 if final["clean"] is not False else EXIT_NOT_HIT
+    return EXIT_OK if final["clean"] is not False else EXIT_NOT_HIT
 
 
 def cmd_inspect(args) -> int:
-    entry = None
-    if "://" in args.file:  # a published artifact: STORE/index/RECIPE/KEY
-        entry = catalog.read_entry(args.file, **_store_options(args))
-        doc = artifact.loads(artifact.dumps(entry["artifact"]))
-    else:
-        with open(args.file, "rb") as f:
-            doc = artifact.loads(archive.read_manifest(f))
-    summary = {k: doc[k] for k in ("key", "recipe", "path_contract", "components", "timings", "created_at")}
-    if entry:
-        summary.update(blob=entry["blob"], published_at=entry["published_at"], signed=bool(entry.get("signature")))
-    _emit(args, doc if args.full else summary, json.dumps(summary, indent=1))
-    return 0
+    result = api.inspect(args.file, **_store_options(args))
+    summary = result.summary()
+    _emit(args, result.artifact.to_json() if args.full else summary, json.dumps(summary, indent=1))
+    return EXIT_OK
 
 
 def cmd_ls(args) -> int:
-    store = _store(args)
-    rows = catalog.ls(store, args.recipe)
-    _emit(args, rows, catalog.render_ls(store, rows))
-    return 0
+    result = api.ls(args.store, args.recipe, **_store_options(args))
+    _emit(args, result, report.ls(result))
+    return EXIT_OK
 
 
 def cmd_gc(args) -> int:
-    result = catalog.gc(_store(args), args.keep, older_than_days=args.older_than, dry_run=args.dry_run)
-    _emit(args, result, catalog.render_gc(result))
-    return 0
+    result = api.gc(args.store, args.keep, older_than_days=args.older_than, dry_run=args.dry_run, **_store_options(args))
+    _emit(args, result, report.gc(result))
+    return EXIT_OK
+
+
+def cmd_rm(args) -> int:
+    result = api.rm(args.entry, yes=args.yes, **_store_options(args))
+    print(f"warmer: rm: {report.rm(result)}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+    return EXIT_OK if args.yes else errors.EXIT_USAGE
 
 
 def cmd_matrix(args) -> int:
@@ -190,32 +161,40 @@ def cmd_matrix(args) -> int:
         print(json.dumps(entries, indent=1))
     else:
         print(json.dumps(matrix.github(entries), separators=(",", ":")))
-    return 0
+    return EXIT_OK
 
 
 def cmd_doctor(args) -> int:
-    result = doctor.check(root=args.root, recipe=load(args.recipe) if args.recipe else None,
-                          env_file=args.env_file, pid=args.pid, mountinfo_file=args.mountinfo)
-    _emit(args, result, doctor.render(result))
-    return 0 if result["ok"] else EXIT_FINDINGS
+    result = api.doctor(root=args.root, recipe_file=args.recipe, env_file=args.env_file, pid=args.pid,
+                        mountinfo=args.mountinfo)
+    _emit(args, result, report.doctor(result))
+    return EXIT_OK if result.ok else EXIT_FINDINGS
+
+
+EPILOG = "exit codes:\n" + errors.exit_code_table()
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="warmer", description="Warm vLLM's compile caches once per GPU type; "
-                                "start every later node warm.")
+                                "start every later node warm.", epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"warmer {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def cmd(name, fn, help_):
-        c = sub.add_parser(name, help=help_, description=help_)
+        c = sub.add_parser(name, help=help_, description=help_, epilog=EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         c.set_defaults(fn=fn)
-        c.add_argument("--json", action="store_true", help="print JSON for machines")
+        c.add_argument("--json", action="store_true", help="print JSON for machines (errors too, on stdout)")
         return c
 
     def env_out(c):
         c.add_argument("--env-file", help="write the env vLLM must start with to this file")
         c.add_argument("--env-format", choices=("dotenv", "shell"), default="dotenv",
-                       help="format of --env-file (default dotenv: KEY=VALUE)")
+                       help="format of --env-file (default dotenv: KEY=VALUE, quoted where needed)")
+        c.add_argument("--offline", action="store_true",
+                       help="nodes without network: forbid FlashInfer downloads (FLASHINFER_NO_DOWNLOAD=1); a "
+                            "kernel the warm-up never fetched is then an error at serve time")
 
     def sign_key(c):
         c.add_argument("--sign-key", help="Ed25519 private key (PEM) to sign the artifact with")
@@ -225,30 +204,38 @@ def parser() -> argparse.ArgumentParser:
                        help="Ed25519 public key (PEM); when given, only artifacts it signed are restored "
                             "(repeat for several keys)")
 
+    def store(c):
+        c.add_argument("--store", required=True, metavar="URL",
+                       help="where artifacts live: file:///abs/dir or s3://bucket/prefix")
+        s3(c)
+
     def s3(c):
         c.add_argument("--endpoint-url", help="S3-compatible endpoint (default: boto3's, e.g. AWS_ENDPOINT_URL)")
         c.add_argument("--s3-path-style", action="store_true",
                        help="path-style S3 addressing (endpoint/bucket/key), as many S3-compatible stores need")
 
-    def limit(c):
-        c.add_argument("--max-bytes", type=int, default=restore.DEFAULT_MAX_BYTES,
+    def recipe(c):
+        c.add_argument("recipe", metavar="RECIPE", help="a recipe file, e.g. manifests/models/NAME.toml")
+
+    def limits(c):
+        c.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES,
                        help="refuse artifacts that unpack to more than this (default 256 GiB)")
+        c.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT, metavar="SECONDS",
+                       help="wait at most this long for another restore of the same root (default 900)")
 
     c = cmd("fingerprint", cmd_fingerprint, "describe this node")
     c.add_argument("--root", help="also record this cache root")
     c.add_argument("--recipe", help="also record this recipe's served model path")
 
     c = cmd("explain", cmd_explain, "every artifact of a recipe in a store: accepted or rejected here, and why")
-    c.add_argument("recipe")
-    c.add_argument("--store", required=True)
-    s3(c)
+    recipe(c)
+    store(c)
     c.add_argument("-v", "--verbose", action="store_true", help="also show the rules that hold")
 
     c = cmd("build", cmd_build, "warm a recipe from cold, pack, verify and publish")
-    c.add_argument("recipe")
-    c.add_argument("--store", required=True, help="file:///dir or s3://bucket/prefix")
-    s3(c)
-    c.add_argument("--root", required=True, help="empty directory: all caches live under it")
+    recipe(c)
+    store(c)
+    c.add_argument("--root", required=True, help="empty directory, the path nodes serve from: all caches live under it")
     c.add_argument("--workdir", help="logs and the artifact file (default: a new temporary directory)")
     c.add_argument("--allow-partial", action="store_true", help="publish even if verify sees recompiles")
     c.add_argument("--step-summary", metavar="FILE",
@@ -257,47 +244,46 @@ def parser() -> argparse.ArgumentParser:
     sign_key(c)
 
     c = cmd("pack", cmd_pack, "pack a warmed root into an artifact file")
-    c.add_argument("dir")
-    c.add_argument("--recipe", required=True)
-    c.add_argument("-o", "--output", required=True)
+    c.add_argument("dir", metavar="ROOT", help="the root a warm-up filled")
+    c.add_argument("--recipe", required=True, help="the recipe it was warmed with")
+    c.add_argument("-o", "--output", required=True, help="the artifact file to write (.tar.zst)")
     c.add_argument("--level", type=int, default=3, help="zstd level (default 3)")
 
-    c = cmd("publish", cmd_publish, "publish an artifact file to a store")
-    c.add_argument("file")
-    c.add_argument("--store", required=True)
-    s3(c)
+    c = cmd("publish", cmd_publish, "publish an artifact file to a store (after checking every member)")
+    c.add_argument("file", metavar="ARTIFACT", help="an artifact file (warmer pack or build)")
+    store(c)
     sign_key(c)
 
     c = cmd("fetch", cmd_fetch, "node bootstrap: fetch this node's artifact, restore it, print the env")
-    c.add_argument("recipe")
-    c.add_argument("--store", required=True)
-    s3(c)
-    c.add_argument("--root", required=True)
+    recipe(c)
+    store(c)
+    c.add_argument("--root", required=True, help="the directory vLLM's caches live under (the build's root path)")
     c.add_argument("--require", action="store_true", help=f"exit {EXIT_MISS} on a miss instead of 0")
     c.add_argument("--gpus-from", metavar="FILE",
                    help="fetch for the GPUs of this saved fingerprint (`warmer fingerprint --json` on a serving "
                         "node), not this machine's: an image build on a machine without the target GPU")
     env_out(c)
-    limit(c)
+    limits(c)
     trust(c)
 
     c = cmd("restore", cmd_restore, "restore a local artifact file into a root")
-    c.add_argument("file")
-    c.add_argument("--root", required=True)
+    c.add_argument("file", metavar="ARTIFACT", help="an artifact file")
+    c.add_argument("--root", required=True, help="the directory vLLM's caches live under (the build's root path)")
     c.add_argument("--recipe", help="also print (or --env-file) the env for serving this recipe")
+    c.add_argument("--force", action="store_true", help="replace a directory at --root that warmer did not create")
     env_out(c)
-    limit(c)
+    limits(c)
     trust(c)
-    c.add_argument("--signature", help="signature file (default: FILE.sig when --trusted-key is given)")
+    c.add_argument("--signature", help="signature file (default: ARTIFACT.sig when --trusted-key is given)")
 
     c = cmd("verify", cmd_verify, "start the engine on a root again and prove the cache is hit")
-    c.add_argument("recipe")
-    c.add_argument("--root", required=True)
+    recipe(c)
+    c.add_argument("--root", required=True, help="a root holding a restored artifact")
     c.add_argument("--workdir", help="logs (default: a new temporary directory)")
 
     c = cmd("flashinfer-check", cmd_flashinfer_check,
             "will FlashInfer rebuild the JIT modules under a root? contract, ninja dry run, newer inputs")
-    c.add_argument("--root", required=True)
+    c.add_argument("--root", required=True, help="a root holding a restored artifact")
     c.add_argument("--recipe", help="check in the env this recipe serves with")
     c.add_argument("--backdate", action="store_true",
                    help="set inputs newer than the cache to just before it (files in the root only, unless "
@@ -311,16 +297,19 @@ def parser() -> argparse.ArgumentParser:
     s3(c)
 
     c = cmd("ls", cmd_ls, "list the artifacts published in a store")
-    c.add_argument("--store", required=True)
-    c.add_argument("--recipe", help="only this recipe's artifacts")
-    s3(c)
+    store(c)
+    c.add_argument("--recipe", help="only this recipe's artifacts (its name)")
 
     c = cmd("gc", cmd_gc, "delete all but the newest artifacts of each recipe and machine kind, and unused blobs")
-    c.add_argument("--store", required=True)
+    store(c)
     c.add_argument("--keep", type=int, required=True, metavar="N",
                    help="keep the newest N artifacts of each recipe on each machine kind (CPU arch + GPU model)")
     c.add_argument("--older-than", type=float, metavar="DAYS", help="delete only artifacts published over DAYS ago")
     c.add_argument("--dry-run", action="store_true", help="say what would be deleted, delete nothing")
+
+    c = cmd("rm", cmd_rm, "remove one published artifact (index entry, and its blob when no other entry uses it)")
+    c.add_argument("entry", metavar="URL", help="STORE/index/RECIPE/KEY (a key prefix of 8+ hex digits will do)")
+    c.add_argument("--yes", action="store_true", help="really remove it (without: say what would be removed)")
     s3(c)
 
     c = cmd("matrix", cmd_matrix, "the recipe x GPU SKU matrix for a CI job per SKU (GitHub Actions strategy.matrix)")
@@ -333,7 +322,7 @@ def parser() -> argparse.ArgumentParser:
                    help="each entry's root is ROOT_BASE/RECIPE (default /cache): build and serve at the same path")
 
     c = cmd("doctor", cmd_doctor, "check a serving environment: where the caches land, FlashInfer's writable "
-            "directories, per-pod env in vLLM's compile key, the active artifact")
+            "directories, env vLLM hashes into its compile key, the active artifact")
     c.add_argument("--root", help="the warmer root to check the active artifact of (default: found from "
                                   "VLLM_CACHE_ROOT)")
     c.add_argument("--recipe", help="the recipe being served: check the artifact's path contract against it")
@@ -343,10 +332,28 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _terminated(signum, frame):
+    raise errors.Terminated("terminated by SIGTERM")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    # SIGTERM becomes an exception in the main thread, so that what a command started (the vLLM
+    # engine's process group, a staging directory) is cleaned up on the way out.
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         return args.fn(args)
-    except USER_ERRORS as e:
-        print(f"warmer: {args.command}: {e}", file=sys.stderr)
-        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return _fail(args, "interrupted", "interrupted", errors.EXIT_INTERRUPTED)
+    except errors.WarmerError as e:
+        return _fail(args, str(e), e.kind, e.exit_code)
+    except OSError as e:  # a file the operator named, a disk: the message says which
+        return _fail(args, f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), "os-error",
+                     errors.EXIT_ERROR)
+
+
+def _fail(args, message: str, kind: str, code: int) -> int:
+    print(f"warmer: {args.command}: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": message, "kind": kind, "exit_code": code}))
+    return code

@@ -9,44 +9,61 @@ Some rules are hard only where they matter (the CPU ISA on CPU backends, the CUD
 FlashInfer builds kernels) and advisory elsewhere; a rule is hard for a pair when it is hard for
 either side, which keeps check() and key() in agreement: two fingerprints pass every hard rule
 exactly when their keys are equal.
+
+Every function here takes fingerprints (warmer.fingerprint.Fingerprint) and recipe identities
+(the JSON document Recipe.identity() returns and artifact.json records).
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-HARD, RANGED, ADVISORY = "hard", "ranged", "advisory"
+from warmer.fingerprint import Fingerprint
 
 
-def _gpu_backend(fp: dict) -> bool:
-    return bool(fp["gpu"]["count"])
+class Kind(str, enum.Enum):
+    """How a rule decides: equal (hard), satisfied (ranged), or never (advisory)."""
+    HARD = "hard"
+    RANGED = "ranged"
+    ADVISORY = "advisory"
+
+    def __str__(self) -> str:
+        return self.value
 
 
-def _cpu_backend(fp: dict) -> bool:
+HARD, RANGED, ADVISORY = Kind.HARD, Kind.RANGED, Kind.ADVISORY
+
+
+def _gpu_backend(fp: Fingerprint) -> bool:
+    return bool(fp.gpu.count)
+
+
+def _cpu_backend(fp: Fingerprint) -> bool:
     return not _gpu_backend(fp)
 
 
-def _flashinfer(fp: dict) -> bool:
+def _flashinfer(fp: Fingerprint) -> bool:
     # vLLM runs FlashInfer's JIT only on GPUs; on a CPU backend its toolchain builds nothing.
-    return _gpu_backend(fp) and "flashinfer-python" in fp["packages"]
+    return _gpu_backend(fp) and "flashinfer-python" in fp.packages
 
 
 @dataclass(frozen=True)
 class Rule:
     field: str                                  # dotted path into the fingerprint
-    kind: str                                   # HARD, RANGED or ADVISORY
+    kind: Kind
     why: str                                    # what goes wrong when it does not hold
-    hard_when: Callable[[dict], bool] | None = None   # HARD only where this holds, else ADVISORY
+    hard_when: Callable[[Fingerprint], bool] | None = None   # HARD only where this holds, else ADVISORY
     spec: str = ""                              # RANGED: the node's value must be in SpecifierSet(spec + built)
 
-    def kind_for(self, *fps: dict) -> str:
+    def kind_for(self, *fps: Fingerprint) -> Kind:
         if self.hard_when is None:
             return self.kind
         return HARD if any(self.hard_when(fp) for fp in fps) else ADVISORY
@@ -144,17 +161,10 @@ def volatile_warnings(env: dict[str, str]) -> list[str]:
             for name, why in volatile_env(env).items()]
 
 
-def _get(fp: dict, dotted: str):
-    value = fp
-    for part in dotted.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
-    return value
-
-
-def _rules(*fps: dict) -> list[tuple[Rule, str]]:
+def _rules(*fps: Fingerprint) -> list[tuple[Rule, Kind]]:
     """Every rule with the kind it has for these fingerprints, packages expanded per name."""
     out = [(r, r.kind_for(*fps)) for r in RULES]
-    names = sorted({n for fp in fps for n in fp.get("packages", {})})
+    names = sorted({n for fp in fps for n in fp.packages})
     for n in names:
         why = HARD_PACKAGES.get(n)
         kind = HARD if why else ADVISORY
@@ -162,12 +172,12 @@ def _rules(*fps: dict) -> list[tuple[Rule, str]]:
     return out
 
 
-def hard_fields(fp: dict) -> dict:
+def hard_fields(fp: Fingerprint) -> dict:
     """The fields that must be equal, flattened to dotted names: what the key is made of."""
-    return {r.field: _get(fp, r.field) for r, kind in _rules(fp) if kind == HARD}
+    return {r.field: fp.get(r.field) for r, kind in _rules(fp) if kind == HARD}
 
 
-def key_identity(recipe_identity: dict) -> dict:
+def key_identity(recipe_identity: Mapping) -> dict:
     """The recipe identity as it enters the key: without per-pod env values."""
     env = recipe_identity.get("env") or {}
     volatile = volatile_env(env)
@@ -178,33 +188,43 @@ def _digest(doc) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def key(fp: dict, recipe_identity: dict) -> str:
-    """sha256 over the hard fields and the recipe identity: what a node looks up."""
+def key(fp: Fingerprint, recipe_identity: Mapping) -> str:
+    """sha256 over the hard fields and the recipe identity: what a node looks up.
+
+    >>> from tests.fixtures import nodes  # doctest: +SKIP
+    >>> key(nodes.gpu_node("h200"), ident) == key(nodes.gpu_node("h200", driver="575.0"), ident)  # doctest: +SKIP
+    True
+    """
     return _digest({"hard": hard_fields(fp), "recipe": key_identity(recipe_identity)})
 
 
-def problems(fp: dict) -> list[str]:
+def unfit_reasons(fp: Fingerprint) -> list[str]:
     """Why no artifact can fit this node at all (empty when one can)."""
-    gpu = fp["gpu"]
-    if gpu.get("mixed"):
-        kinds = {}
-        for d in gpu["devices"]:
-            kinds.setdefault(f"{d['name']} (sm {d['compute_capability']})", []).append(str(d["index"]))
+    if fp.gpu.mixed:
+        kinds: dict[str, list[str]] = {}
+        for d in fp.gpu.devices:
+            kinds.setdefault(f"{d.name} (sm {d.compute_capability})", []).append(str(d.index))
         listed = "; ".join(f"GPU {','.join(ix)}: {k}" for k, ix in kinds.items())
         return [f"this node's GPUs differ from each other ({listed}): an artifact fits one GPU type; "
                 "give the pod GPUs of one type (CUDA_VISIBLE_DEVICES or the device plugin's resource)"]
     return []
 
 
-@dataclass
+@dataclass(frozen=True)
 class Decision:
     field: str
-    rule: str       # HARD, RANGED or ADVISORY
+    kind: Kind
     built: object
     node: object
     ok: bool
     reason: str
     why: str = ""   # what goes wrong when the rule does not hold
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "kind": self.kind.value}
+
+    def line(self) -> str:
+        return f"{self.field}: {self.reason}"
 
 
 def _show(value) -> str:
@@ -241,16 +261,16 @@ def _at_least(built, node, spec: str) -> tuple[bool, str]:
     return False, f"{node} is older than the build's {built} (needs {spec} {built})"
 
 
-def gpus_needed(recipe_identity: dict | None) -> int:
+def gpus_needed(recipe_identity: Mapping | None) -> int:
     engine = (recipe_identity or {}).get("engine") or {}
     return int(engine.get("tensor_parallel_size", 1) or 1) * int(engine.get("pipeline_parallel_size", 1) or 1)
 
 
-def check(built: dict, node: dict, recipe_identity: dict | None = None) -> list[Decision]:
+def decisions(built: Fingerprint, node: Fingerprint, recipe_identity: Mapping | None = None) -> list[Decision]:
     """Every rule, field by field: what the artifact was built on against this node."""
     out = []
     for rule, kind in _rules(built, node):
-        b, n = _get(built, rule.field), _get(node, rule.field)
+        b, n = built.get(rule.field), node.get(rule.field)
         if rule.field == "gpu.count":
             need = gpus_needed(recipe_identity) if b else 0
             ok = (n or 0) >= need
@@ -267,7 +287,7 @@ def check(built: dict, node: dict, recipe_identity: dict | None = None) -> list[
     return out
 
 
-def recipe_check(built_identity: dict, identity: dict) -> list[Decision]:
+def recipe_decisions(built_identity: Mapping, identity: Mapping) -> list[Decision]:
     """The recipe the artifact was warmed with against the one asked for, field by field (hard)."""
     b, n = _flat(key_identity(built_identity)), _flat(key_identity(identity))
     name = identity.get("name", "the recipe")
@@ -287,9 +307,5 @@ def _flat(doc, prefix: str = "") -> dict:
     return {prefix.rstrip("."): doc}
 
 
-def fits(decisions: list[Decision]) -> bool:
-    return all(d.ok for d in decisions)
-
-
-def as_dicts(decisions: list[Decision]) -> list[dict]:
-    return [asdict(d) for d in decisions]
+def fits(decided: list[Decision]) -> bool:
+    return all(d.ok for d in decided)

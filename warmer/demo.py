@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from warmer import build, fetch, report, restore, tinymodel, verify
+from warmer import api, build, fetch, report, tinymodel, verify
 from warmer.recipe import load
 
 
@@ -42,31 +42,35 @@ def main(argv: list[str] | None = None) -> int:
     _step(f"build: warmer build {args.recipe} --store {store} --root {build_root}")
     built = build.build(recipe, store, build_root, logs)
     print(report.build(built))
+    for line in report.uncovered(built.uncovered):
+        print(f"  warning: {line}")
 
     _step(f"fetch into an empty node root: warmer fetch {args.recipe} --store {store} --root {node_root}")
     got = fetch.fetch(recipe, store, node_root)
     print(report.fetch(got))
-    for w in got["warnings"]:
+    for w in got.warnings:
         print(f"  warning: {w}")
     env_file = work / "node.env"
-    env_file.write_text(restore.render_env(got["env"], "dotenv"))
+    api.write_env(got.env, env_file, "dotenv")
     print(f"  env for vLLM written to {env_file}:")
-    print("    " + restore.render_env(got["env"], "shell").rstrip().replace("\n", "\n    "))
+    print("    " + got.env.render("shell").rstrip().replace("\n", "\n    "))
 
     _step(f"verify the node: warmer verify {args.recipe} --root {node_root}")
-    checked = verify.verify(recipe, node_root, logs, cold=built["cold"], label="node-verify")
+    checked = verify.verify(recipe, node_root, logs, cold=built.cold, label="node-verify")
     print(report.verify(checked))
 
-    cold, warm = built["cold"], checked["restored"]
+    cold, warm = built.cold, checked.restored
     summary = {
-        "artifact_bytes": built["archive_bytes"], "cache_bytes": built["bytes"], "files": built["files"],
-        "restore_s": got["restore"]["seconds"] if "restore" in got else None,
+        "artifact_bytes": built.archive_bytes, "cache_bytes": built.bytes, "files": built.files,
+        "restore_s": got.restore.seconds if got.restore else None,
         "cold_init_engine_s": cold.get("init_engine_s"), "restored_init_engine_s": warm.get("init_engine_s"),
         "cold_engine_init_s": cold.get("engine_init_s"), "restored_engine_init_s": warm.get("engine_init_s"),
-        "recompiled_files": checked["files"]["recompiled_files"], "verdict": checked["verdict"],
+        "recompiled_files": checked.files.recompiled, "verdict": checked.verdict,
+        "uncovered_files": len(built.uncovered),
     }
-    (work / "report.json").write_text(json.dumps({"build": built, "fetch": got, "verify": checked,
-                                                  "summary": summary}, indent=1, default=str))
+    (work / "report.json").write_text(json.dumps({"build": built.to_json(), "fetch": got.to_json(),
+                                                  "verify": checked.to_json(), "summary": summary},
+                                                 indent=1, default=str))
     _step("report")
     print(f"  artifact:              {summary['files']} files, {summary['cache_bytes'] / 1e6:.1f} MB "
           f"packed to {summary['artifact_bytes'] / 1e6:.1f} MB")
@@ -77,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['restored_engine_init_s']} s")
     print(f"  recompiled files:      {summary['recompiled_files']}   verdict: {summary['verdict']}")
     print(f"  full report:           {work / 'report.json'}")
-    return 0 if checked["verdict"] == "hit" and got["status"] == "hit" else 1
+    return 0 if checked.verdict == "hit" and got.status == "hit" else 1
 
 
 if __name__ == "__main__":

@@ -22,14 +22,16 @@ from __future__ import annotations
 import getpass
 import importlib.util
 import os
-import re
-import shlex
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from warmer import compat, components, fetch, fingerprint, restore
+from warmer import compat, components, fingerprint, restore
+from warmer.envfile import EnvFile
+from warmer.errors import UsageError
+from warmer.fingerprint import Fingerprint
+from warmer.mounts import classify, mount_of, parse_mountinfo, under
 from warmer.recipe import Recipe, parse
 
 ERROR, WARNING, INFO = "error", "warning", "info"
@@ -38,11 +40,6 @@ FIX_VOLUME = ("point {var} into a volume (a hostPath shared by the node's pods, 
               "that puts every cache under it (manifests/k8s/)")
 # Caches whose loss costs the compile time itself; the others cost seconds.
 PRIMARY = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
-OVERLAY_FS = ("overlay", "overlayfs", "aufs", "fuse.fuse-overlayfs")
-RAM_FS = ("tmpfs", "ramfs")
-NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "9p", "ceph", "glusterfs", "lustre", "fuse.s3fs", "fuse.gcsfuse",
-              "fuse.mountpoint-s3", "fuse.juicefs", "fuse.sshfs", "virtiofs")
-DISK_FS = ("ext4", "ext3", "ext2", "xfs", "btrfs", "zfs", "f2fs")
 # vLLM hashes every known env var into its compile key except an ignore list (vllm envs.py
 # compile_factors; research/vllm-caches.md). These hashed ones hold host or rank values.
 HASHED_PER_HOST = {
@@ -69,19 +66,6 @@ IGNORED_BY_VLLM = {"VLLM_HOST_IP", "VLLM_PORT", "VLLM_DP_MASTER_IP", "VLLM_DP_MA
 
 
 @dataclass(frozen=True)
-class Mount:
-    mount_point: str
-    root: str           # the path inside its filesystem that is mounted (a bind mount's source)
-    fstype: str
-    source: str
-    options: tuple[str, ...]
-
-    @property
-    def read_only(self) -> bool:
-        return "ro" in self.options
-
-
-@dataclass
 class Finding:
     severity: str
     check: str
@@ -89,104 +73,33 @@ class Finding:
     what: str
     fix: str
 
-
-_ESCAPE = re.compile(r"\\([0-7]{3})")
-
-
-def unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as \\040, \\011, \\012, \\134."""
-    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
-def parse_mountinfo(text: str) -> list[Mount]:
-    """/proc/PID/mountinfo: `ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE
-    SUPEROPTIONS` (proc(5)). The optional fields vary in number, so the fs type is found after
-    the lone '-'."""
-    out = []
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) < 9 or "-" not in fields[6:]:
-            continue  # not a mountinfo line
-        sep = fields.index("-", 6)
-        if len(fields) < sep + 3:
-            continue
-        # Per-mount options and the filesystem's own (super) options: "ro" in either means read-only.
-        options = set(fields[5].split(",")) | set(fields[sep + 3].split(",") if len(fields) > sep + 3 else ())
-        out.append(Mount(mount_point=unescape(fields[4]), root=unescape(fields[3]), fstype=fields[sep + 1],
-                         source=unescape(fields[sep + 2]), options=tuple(sorted(options))))
-    return out
+@dataclass(frozen=True)
+class Diagnosis:
+    root: str | None
+    locations: tuple[dict, ...]
+    findings: tuple[Finding, ...]
 
+    @property
+    def counts(self) -> dict[str, int]:
+        return {s: sum(f.severity == s for f in self.findings) for s in (ERROR, WARNING, INFO)}
 
-def _under(path: str, prefix: str) -> bool:
-    return prefix == "/" or path == prefix or path.startswith(prefix.rstrip("/") + "/")
+    @property
+    def ok(self) -> bool:
+        return self.counts[ERROR] == 0
 
-
-def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
-    """The mount holding path: the longest mount point above it; on a tie the later (upper) one."""
-    best = None
-    for m in mounts:
-        if _under(path, m.mount_point) and (best is None or len(m.mount_point) >= len(best.mount_point)):
-            best = m
-    return best
-
-
-def classify(m: Mount | None) -> tuple[str, str]:
-    """(kind, what it means for a cache) of a mount."""
-    if m is None:
-        return "unknown", "no mount found for it"
-    if m.fstype in RAM_FS:  # an emptyDir with medium Memory looks like any tmpfs from inside
-        return "tmpfs", "tmpfs (RAM, e.g. an emptyDir with medium: Memory): wiped with the pod or on " \
-                        "reboot, and every byte counts against the memory limit"
-    if m.fstype in OVERLAY_FS or (m.fstype.startswith("fuse.") and "overlay" in m.fstype):
-        if m.mount_point == "/":
-            return "container-root", "the container's own overlay root: wiped with every pod"
-        return "overlay", "an overlay filesystem: wiped with its container"
-    if "kubernetes.io~empty-dir" in m.root:
-        return "emptydir", "an emptyDir: survives container restarts, not a new pod"
-    if m.fstype in NETWORK_FS or m.fstype.startswith("fuse."):
-        return "network", f"a network filesystem ({m.fstype}): persistent, but JIT locks and ninja mtimes " \
-                          "are unreliable there"
-    if re.search(r"kubernetes\.io~(csi|aws-ebs|gce-pd|azure-disk|local-volume)", m.root):
-        return "volume", "a persistent volume"
-    if m.fstype in DISK_FS or m.source.startswith("/dev/"):
-        return "disk", "a node-local disk (a hostPath or the host's own filesystem): persistent"
-    return "other", f"a {m.fstype} filesystem"
-
-
-def read_env_file(text: str) -> dict[str, str]:
-    """The env file `warmer fetch --env-file` writes: dotenv (K=V) or shell (`export K='V'`)."""
-    env = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("export "):
-            for token in shlex.split(line[len("export "):]):
-                k, _, v = token.partition("=")
-                env[k] = v
-        else:
-            k, _, v = line.partition("=")
-            env[k.strip()] = v
-    return env
+    def to_json(self) -> dict:
+        return {"root": self.root, "locations": list(self.locations), "findings": [f.to_json() for f in self.findings],
+                "counts": self.counts, "ok": self.ok}
 
 
 def cache_paths(env: dict[str, str], user: str) -> list[tuple[str, str, bool]]:
-    """(var, path, from its default) for each cache warmer knows; defaults as each library
-    computes them when the var is unset."""
-    home = env.get("HOME") or os.path.expanduser("~")
-    xdg = env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
-    tmp = env.get("TMPDIR") or "/tmp"
-    defaults = {
-        "VLLM_CACHE_ROOT": os.path.join(xdg, "vllm"),
-        "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, f"torchinductor_{user}"),
-        "TMPDIR": "/tmp",
-        "TRITON_CACHE_DIR": os.path.join(env.get("TRITON_HOME") or home, ".triton", "cache"),
-        "FLASHINFER_WORKSPACE_BASE": home,
-        "FLASHINFER_AUTOTUNE_CACHE_DIR": os.path.join(env.get("FLASHINFER_WORKSPACE_BASE") or home,
-                                                      components.flashinfer.CACHE, "autotune"),
-        "B12X_COMPILE_CACHE_DIR": os.path.join(xdg, "b12x", "compile"),
-        "CUDA_CACHE_PATH": os.path.join(home, ".nv", "ComputeCache"),
-    }
+    """(var, path, from its default) for each cache warmer knows; defaults as each component declares
+    the library computes them when the var is unset."""
+    defaults = components.default_paths(env, user)
     out = []
     for var in dict.fromkeys(v for c in components.ALL for v, _ in c.env):
         if env.get(var):
@@ -212,7 +125,7 @@ def _locations(env, mounts, resolve, user, root: Path | None, marker) -> tuple[l
         real = resolve(path)
         m = mount_of(real, mounts)
         kind, meaning = classify(m)
-        in_root = bool(root and marker and _under(real, str(root)))
+        in_root = bool(root and marker and under(real, str(root)))
         rows.append({"var": var, "path": path, "default": default, "mount_point": m.mount_point if m else None,
                      "fstype": m.fstype if m else None, "kind": kind, "read_only": bool(m and m.read_only),
                      "in_active_root": in_root})
@@ -329,17 +242,17 @@ def _per_pod_env(env: dict[str, str], hostnames: set[str]) -> list[Finding]:
     return out
 
 
-def _recipe_of(doc: dict) -> Recipe:
+def _recipe_of(art) -> Recipe:
     """The recipe an artifact was built from, rebuilt from its identity."""
-    ident = doc["recipe"]["identity"]
+    ident = art.recipe.identity
     model = ({"path": ident["model"]} if str(ident["model"]).startswith("/")
              else {"id": ident["model_id"], "revision": ident["revision"]})
     return parse({"name": ident["name"], "model": model, "engine": ident["engine"], "env": ident["env"],
-                  "workload": ident["workload"]}, Path(f"<artifact {doc['key'][:16]}>"))
+                  "workload": ident["workload"]}, Path(f"<artifact {art.key[:16]}>"))
 
 
-def _artifact(env, root: Path, marker: dict | None, recipe: Recipe | None, node: Callable[[], dict] | None,
-              exists: Callable[[str], bool] | None) -> list[Finding]:
+def _artifact(env, root: Path, marker: restore.Marker | None, recipe: Recipe | None,
+              node: Callable[[], Fingerprint] | None, exists: Callable[[str], bool] | None) -> list[Finding]:
     if root.is_symlink():
         return [Finding(ERROR, "artifact", str(root), f"the root {root} is a symlink",
                         f"use the real path {os.path.realpath(root)}: FlashInfer's ninja rebuilds what it "
@@ -349,38 +262,45 @@ def _artifact(env, root: Path, marker: dict | None, recipe: Recipe | None, node:
                         "compiles from cold (the fetch missed, or never ran)",
                         "see the init container's log (kubectl logs POD -c warmer-fetch) or run "
                         "`warmer explain RECIPE --store URL` on this node")]
-    doc = marker["artifact"]
-    out = [Finding(INFO, "artifact", str(root), f"artifact {doc['key'][:16]} of recipe {doc['recipe']['name']} "
-                   f"is active (restored {marker.get('restored_at', '?')})", "none")]
+    art = marker.artifact
+    out = [Finding(INFO, "artifact", str(root), f"artifact {art.key[:16]} of recipe {art.recipe.name} "
+                   f"is active (restored {marker.restored_at})", "none")]
     # Is it in use: the env vLLM starts with must point every cache into the root.
     for var, want in components.cache_env(root).items():
         have = env.get(var)
         if have != want:
             out.append(Finding(ERROR, "artifact", var, f"{var} is {have!r}, not {want}: vLLM will not use "
                                "the restored cache", "start vLLM with the env file `warmer fetch --env-file` "
-                               "wrote: set -a; . FILE; set +a; exec vllm serve ..."))
-    built_env = doc["recipe"]["identity"].get("env") or {}
+                               "wrote, or with `warmer serve`"))
+    built_env = art.recipe.identity.get("env") or {}
     for var, want in sorted(built_env.items()):
         if env.get(var) != want and var not in compat.volatile_env(built_env):
             out.append(Finding(ERROR, "artifact", var, f"{var} is {env.get(var)!r} here and was {want!r} at "
                                "build time: vLLM hashes its env, so the cache will miss",
                                f"start vLLM with the env file warmer wrote (it sets {var})"))
-    served = recipe or _recipe_of(doc)
-    for w in fetch.contract_warnings(doc, root, served):
+    if art.vllm:  # what vLLM itself hashed at build, against the env it will start with here
+        for d in art.vllm.differences(env):
+            if d.name in built_env:
+                continue  # said above
+            out.append(Finding(ERROR if d.recompiles else INFO, "vllm-key", d.name, d.line(),
+                               f"start vLLM with {d.name} as at build ({'unset' if d.built is None else repr(d.built)}),"
+                               " or add it to the recipe's [env] and rebuild" if d.recompiles else "none"))
+    served = recipe or _recipe_of(art)
+    fixed = [n for n, c in art.components.items() if not c.relocatable]
+    for w in art.path_contract.warnings(root, served.model, fixed, env):
         out.append(Finding(WARNING, "path-contract", str(root), w,
-                           f"serve from the build's paths ({doc['path_contract']['root']}, model "
-                           f"{doc['path_contract']['model']}), or build an artifact at these paths"))
-    model = doc["path_contract"]["model"]
+                           f"serve from the build's paths ({art.path_contract.root}, model "
+                           f"{art.path_contract.model}), or build an artifact at these paths"))
+    model = art.path_contract.model
     if recipe is None and exists and model.startswith("/") and not exists(model):
         out.append(Finding(WARNING, "path-contract", model, f"the artifact was built for the model at {model}, "
                            "which does not exist here: vLLM keys its compile cache on that path",
                            f"serve the model from {model}"))
     if node:
-        here = node()
-        bad = [d for d in compat.check(doc["fingerprint"], here, doc["recipe"]["identity"]) if not d.ok]
+        bad = [d for d in compat.decisions(art.fingerprint, node(), art.recipe.identity) if not d.ok]
         if bad:
             out.append(Finding(ERROR, "fit", str(root), "the active artifact does not fit this node: "
-                               + "; ".join(f"{d.field}: {d.reason}" for d in bad),
+                               + "; ".join(d.line() for d in bad),
                                "replace it with `warmer fetch` (it restores only what fits), or build one "
                                "on this GPU type"))
     return out
@@ -388,8 +308,8 @@ def _artifact(env, root: Path, marker: dict | None, recipe: Recipe | None, node:
 
 def diagnose(env: dict[str, str], mountinfo: str, *, root: Path | None = None, recipe: Recipe | None = None,
              resolve: Callable[[str], str] = os.path.normpath, can_write: Callable[[str], bool] | None = None,
-             exists: Callable[[str], bool] | None = None, node: Callable[[], dict] | None = None,
-             user: str = "root", hostnames: set[str] = frozenset(), flashinfer_installed: bool = True) -> dict:
+             exists: Callable[[str], bool] | None = None, node: Callable[[], Fingerprint] | None = None,
+             user: str = "root", hostnames: set[str] = frozenset(), flashinfer_installed: bool = True) -> Diagnosis:
     """Every check on the given inputs. resolve maps a path to the one mountinfo shows (realpath
     on this machine, normpath for a sample); can_write and exists probe this machine (None: only
     mountinfo's read-only flags count); node returns this node's fingerprint."""
@@ -403,9 +323,7 @@ def diagnose(env: dict[str, str], mountinfo: str, *, root: Path | None = None, r
         findings += _artifact(env, root, marker, recipe, node, exists)
     order = {ERROR: 0, WARNING: 1, INFO: 2}
     findings.sort(key=lambda f: order[f.severity])
-    counts = {s: sum(f.severity == s for f in findings) for s in (ERROR, WARNING, INFO)}
-    return {"root": str(root) if root else None, "locations": rows, "findings": [asdict(f) for f in findings],
-            "counts": counts, "ok": counts[ERROR] == 0}
+    return Diagnosis(str(root) if root else None, tuple(rows), tuple(findings))
 
 
 def _can_write(path: str) -> bool:
@@ -415,22 +333,31 @@ def _can_write(path: str) -> bool:
     return os.access(p, os.W_OK)
 
 
-def check(*, root: str | None = None, recipe: Recipe | None = None, env_file: str | None = None,
-          pid: int | None = None, mountinfo_file: str | None = None) -> dict:
+def read_process_env(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError as e:
+        raise UsageError(f"cannot read the env of process {pid} ({e.strerror}): run doctor as its user, or pass "
+                         "--env-file") from None
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def diagnose_here(*, root: str | None = None, recipe: Recipe | None = None, env_file: str | None = None,
+                  pid: int | None = None, mountinfo_file: str | None = None) -> Diagnosis:
     """diagnose() on this machine: the env of this process (or of pid), plus env_file on top (what
     vLLM starts with), and /proc/self/mountinfo unless a saved one is given."""
-    env = dict(os.environ)
-    if pid is not None:
-        try:
-            raw = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError as e:
-            raise OSError(e.errno, f"cannot read the env of process {pid} ({e.strerror}): run doctor as "
-                          "its user, or pass --env-file") from None
-        env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+    env = read_process_env(pid) if pid is not None else dict(os.environ)
     if env_file:
-        env.update(read_env_file(Path(env_file).read_text()))
+        try:
+            text = Path(env_file).read_text(errors="replace")
+        except OSError as e:
+            raise UsageError(f"cannot read the env file {env_file}: {e.strerror}") from None
+        env.update(EnvFile.parse(text, env_file).vars)
     sample = mountinfo_file is not None
-    text = Path(mountinfo_file or "/proc/self/mountinfo").read_text()
+    try:
+        text = Path(mountinfo_file or "/proc/self/mountinfo").read_text(errors="replace")
+    except OSError as e:
+        raise UsageError(f"cannot read the mount table {mountinfo_file or '/proc/self/mountinfo'}: {e.strerror}") from None
     model = recipe.model if recipe else None
     return diagnose(env, text, root=Path(root) if root else None, recipe=recipe,
                     # A saved mountinfo comes from elsewhere: this machine's symlinks and
@@ -441,24 +368,3 @@ def check(*, root: str | None = None, recipe: Recipe | None = None, env_file: st
                     user=env.get("USER") or env.get("LOGNAME") or getpass.getuser(),
                     hostnames={socket.gethostname()} if not sample else set(),
                     flashinfer_installed=sample or importlib.util.find_spec("flashinfer") is not None)
-
-
-def render(result: dict) -> str:
-    lines = ["cache locations:"]
-    for r in result["locations"]:
-        where = f"{r['fstype']} on {r['mount_point']}" if r["mount_point"] else "?"
-        lines.append(f"  {r['var']:<30}{r['path']}{' (default)' if r['default'] else ''}  [{r['kind']}: {where}"
-                     f"{', read-only' if r['read_only'] else ''}]")
-    if result["root"]:
-        lines.append(f"root: {result['root']}")
-    for f in result["findings"]:
-        lines.append(f"{f['severity'].upper():<8}{f['check']}: {f['what']}")
-        if f["fix"] != "none":
-            lines.append(f"{'':<8}fix: {f['fix']}")
-    c = result["counts"]
-    lines.append(f"{c[ERROR]} error(s), {c[WARNING]} warning(s), {c[INFO]} note(s)")
-    return "\n".join(lines)
-
-
-__all__ = ["Mount", "Finding", "parse_mountinfo", "mount_of", "classify", "read_env_file", "diagnose", "check",
-           "render"]

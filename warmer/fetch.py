@@ -1,114 +1,179 @@
 """The node journey: fingerprint → key → one index lookup → download, check, restore → env.
 
 A miss is a slow start, never a failed pod: fetch still prepares the root and the env so that
-vLLM writes its caches there, and says why it missed. --require turns a miss into a failure.
+vLLM writes its caches there, and says why it missed. That holds for anything that goes wrong
+past the operator's own input (an unreachable store, a hostile or newer entry, a corrupt blob,
+a full disk, a bug): the result is a miss with the reason, and --require turns it into a failure.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
-from warmer import artifact, compat, explain, fingerprint, restore, signing, warmup
-from warmer.components import flashinfer
+from warmer import compat, explain, fingerprint, flashinfer_jit, restore, serving
+from warmer.compat import Decision
+from warmer.entry import EntrySchemaError, IndexEntry
+from warmer.envfile import EnvFile
+from warmer.errors import StoreError, UntrustedInput, WarmerError
+from warmer.fingerprint import Gpus
 from warmer.recipe import Recipe
-from warmer.store import Store, StoreError, open_store
+from warmer.store import Store, open_store
+from warmer.vllmkey import FactorDifference
+
+HIT_STATUSES = ("hit", "already-active")
 
 
-def contract_warnings(doc: dict, root: Path, recipe: Recipe) -> list[str]:
-    """What will be rebuilt on this node because a path the caches depend on differs."""
-    built = doc["path_contract"]
-    out = []
-    fi_built = built.get("flashinfer")
-    if built["root"] != str(root):
-        # FlashInfer's own check below says which modules and why.
-        movable = [n for n, c in doc["components"].items() if not c["relocatable"] and not (n == "flashinfer" and fi_built)]
-        if movable:
-            out.append(f"root {root} differs from the build's {built['root']}: "
-                       f"{', '.join(movable)} will rebuild; serve from {built['root']} to keep them")
-    if built["model"] != recipe.model:
-        out.append(f"model path {recipe.model} differs from the build's {built['model']}: "
-                   "vLLM keys its compile cache on it and will recompile")
-    if built["python_prefix"] != sys.prefix:
-        out.append(f"python prefix {sys.prefix} differs from the build's {built['python_prefix']}: "
-                   "Inductor's C++ kernels will recompile")
-    if fi_built and fi_built.get("modules"):
-        node = flashinfer.contract(root, warmup.serving_environ(recipe, root))
-        reasons = flashinfer.compare(fi_built, node)
-        if reasons:
-            out.append(f"FlashInfer will rebuild {len(fi_built['modules'])} JIT module(s) "
-                       f"({', '.join(fi_built['modules'][:5])}) because: " + "; ".join(reasons))
-    return out
+@dataclass(frozen=True)
+class FetchResult:
+    recipe: str
+    key: str
+    store: str
+    root: str
+    status: str   # hit, already-active, miss, misfit, untrusted, rollback, error
+    env: EnvFile
+    warnings: tuple[str, ...] = ()
+    decisions: tuple[Decision, ...] = ()
+    nearest: explain.Nearest | None = None
+    restore: restore.RestoreResult | None = None
+    build_timings: dict | None = field(default=None, hash=False)
+    flashinfer: dict | None = field(default=None, hash=False)
+    signed_by: str | None = None
+    for_gpus: str | None = None
+    vllm_differences: tuple[FactorDifference, ...] = ()
+
+    @property
+    def hit(self) -> bool:
+        return self.status in HIT_STATUSES
+
+    def to_json(self) -> dict:
+        doc = {"recipe": self.recipe, "key": self.key, "store": self.store, "root": self.root,
+               "status": self.status, "env": dict(self.env.vars), "warnings": list(self.warnings)}
+        if self.decisions:
+            doc["decisions"] = [d.to_json() for d in self.decisions]
+        if self.nearest:
+            doc["nearest"] = self.nearest.to_json()
+        if self.restore:
+            doc["restore"] = self.restore.to_json()
+        for name in ("build_timings", "flashinfer", "signed_by", "for_gpus"):
+            if getattr(self, name) is not None:
+                doc[name] = getattr(self, name)
+        doc["vllm_key"] = {"differences": [d.to_json() for d in self.vllm_differences],
+                           "predicted_recompile": any(d.recompiles for d in self.vllm_differences)}
+        return doc
 
 
 def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int = restore.DEFAULT_MAX_BYTES,
-          trusted_keys=(), gpus: dict | None = None) -> dict:
-    """gpus: the GPU section of a serving node's saved fingerprint, in place of this machine's GPUs
-    (an image build on a machine without the target GPU)."""
+          trusted_keys=(), gpus: Gpus | None = None, offline: bool = False,
+          serving_env: Mapping[str, str] | None = None, lock_timeout: float = restore.DEFAULT_LOCK_TIMEOUT,
+          store_options: dict | None = None) -> FetchResult:
+    """gpus: the GPUs of a serving node's saved fingerprint, in place of this machine's (an image
+    build on a machine without the target GPU). serving_env: the environment vLLM will start
+    with besides the env file (default: this process's), for the prediction of vLLM's own key."""
     root = restore.check_root(root)
-    store = open_store(store_url) if isinstance(store_url, str) else store_url
     node = fingerprint.probe(root=root, model=recipe.model)
     if gpus is not None:
-        node = {**node, "gpu": gpus}
+        node = node.with_gpus(gpus)
     key = compat.key(node, recipe.identity())
-    report: dict = {"recipe": recipe.name, "key": key, "store": store.url, "root": str(root),
-                    "env": warmup.serve_env(recipe, root), "warnings": []}
-    if gpus is not None:
-        report["for_gpus"] = (f"{gpus['count']} x {gpus['name']} (sm {gpus.get('compute_capability')}, "
-                              f"driver {gpus.get('driver')}), from a saved fingerprint")
-    problems = compat.problems(node)
+    out = {"recipe": recipe.name, "key": key, "root": str(root), "warnings": [],
+           "env": serving.vllm_env(recipe, root, offline=offline),
+           "for_gpus": f"{gpus.describe()}, driver {gpus.driver}, from a saved fingerprint" if gpus else None}
     try:
-        raw = None if problems else store.get_index(recipe.name, key)
-    except StoreError as e:  # an unreachable store is a slow start too, not a failed pod
-        problems = [f"{e}; vLLM will compile from cold"]
-    if problems:  # no artifact fits this node: do not even look
-        report["status"] = "miss"
-        report["warnings"] += problems
-    elif raw is None:
-        report["status"] = "miss"
+        store = open_store(store_url, **(store_options or {})) if isinstance(store_url, str) else store_url
+        out["store"] = store.url
+        _fetch(recipe, store, root, node, key, out, max_bytes=max_bytes, trusted_keys=tuple(trusted_keys),
+               offline=offline, serving_env=os.environ if serving_env is None else serving_env,
+               lock_timeout=lock_timeout)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:  # the README's promise: whatever went wrong, the pod starts (slowly)
+        out.setdefault("store", str(store_url) if isinstance(store_url, str) else getattr(store_url, "url", "?"))
+        out["status"] = "error"
+        detail = str(e) if isinstance(e, WarmerError) else f"unexpected {type(e).__name__}: {e}"
+        if not detail.startswith("not activated"):
+            detail = f"not activated, {root} is unchanged: {detail}"
+        out["warnings"].append(f"{detail}; vLLM will compile from cold")
+    try:
+        restore.prepare(root)
+    except OSError as e:
+        out["warnings"].append(f"cannot prepare {root} for vLLM's caches: {e.strerror}")
+    out["warnings"] = tuple(out["warnings"])
+    return FetchResult(**out)
+
+
+def _older(offered, active) -> bool:
+    """Whether the offered artifact was created before the active one (both signed, same key)."""
+    a, b = offered.created(), active.created()
+    return a is not None and b is not None and a < b
+
+
+def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, *, max_bytes: int,
+           trusted_keys: tuple, offline: bool, serving_env: Mapping[str, str], lock_timeout: float) -> None:
+    warnings = out["warnings"]
+    unfit = compat.unfit_reasons(node)
+    if unfit:  # no artifact fits this node: do not even look
+        out["status"] = "miss"
+        warnings += unfit
+        return
+    try:
+        raw = store.get_index(recipe.name, key)
+    except (StoreError, UntrustedInput) as e:  # an unreachable store is a slow start too, not a failed pod
+        out["status"] = "miss"
+        warnings.append(f"{e}; vLLM will compile from cold")
+        return
+    if raw is None:
+        out["status"] = "miss"
         try:
-            report["nearest"] = explain.nearest(store, recipe, node)
-        except StoreError as e:  # e.g. nodes allowed to read entries but not to list them
-            report["warnings"].append(f"no nearest artifact to show: {e}")
-        report["warnings"].append(f"no artifact for recipe {recipe.name} and this node (key {key[:16]}): "
-                                  "vLLM will compile from cold")
-    else:
-        entry = json.loads(raw)
-        doc = artifact.validate(entry["artifact"])
-        decisions = compat.check(doc["fingerprint"], node, recipe.identity())
-        report["decisions"] = compat.as_dicts(decisions)
-        if not compat.fits(decisions):
-            report["status"] = "misfit"
-            report["warnings"] += [f"{d.field}: {d.reason}" for d in decisions if not d.ok]
-        else:
-            report["warnings"] += contract_warnings(doc, root, recipe)
-            blob = entry["blob"]["sha256"]
-            try:
-                if trusted_keys:  # checked before a byte of the blob is downloaded
-                    report["signed_by"] = signing.check(artifact.dumps(doc), entry.get("signature"),
-                                                        list(trusted_keys))
-                result = restore.restore(doc, lambda: store.open_blob(blob, spool_dir=root.parent), root,
-                                         archive_sha256=blob, max_bytes=max_bytes)
-                report["status"] = "hit" if result["status"] == "restored" else result["status"]
-                report["restore"] = result
-                report["build_timings"] = doc["timings"]
-                report["env"].update(flashinfer.artifact_env(doc, root))
-                # ninja's dry run of every restored JIT module, in the env vLLM will start with
-                report["flashinfer"] = flashinfer.dry_run(root, {**os.environ, **report["env"]})
-                if report["flashinfer"]["clean"] is False:
-                    dirty = [m for m, r in report["flashinfer"]["modules"].items() if not r["clean"]]
-                    report["warnings"].append(f"ninja would rebuild FlashInfer module(s) {', '.join(dirty)}: "
-                                              f"see `warmer flashinfer-check --root {root}`")
-            except signing.SignatureError as e:
-                report["status"] = "untrusted"
-                report["warnings"].append(f"not activated: {e}")
-            except restore.RestoreError as e:
-                report["status"] = "error"
-                report["warnings"].append(str(e))
-            except StoreError as e:  # the download failed, or its bytes never matched their digest
-                report["status"] = "error"
-                report["warnings"].append(f"not activated, {root} is unchanged: {e}")
-    warmup.prepare_root(root)
-    return report
+            out["nearest"] = explain.nearest(store, recipe, node)
+        except (StoreError, UntrustedInput) as e:  # e.g. nodes may read entries but not list them
+            warnings.append(f"no nearest artifact to show: {e}")
+        warnings.append(f"no artifact for recipe {recipe.name} and this node (key {key[:16]}): "
+                        "vLLM will compile from cold")
+        return
+    try:
+        entry = IndexEntry.read(raw, recipe.name, key, trusted_keys)  # the signature first, then the rest
+    except EntrySchemaError as e:
+        out["status"] = "error"
+        warnings.append(f"not activated: {e}")
+        return
+    except UntrustedInput as e:  # a bad signature, a malformed entry, or one copied from another slot
+        out["status"] = "untrusted"
+        warnings.append(f"not activated: {e}")
+        return
+    art = entry.artifact
+    out["signed_by"] = entry.signed_by
+    decided = compat.decisions(art.fingerprint, node, recipe.identity())
+    out["decisions"] = tuple(decided)
+    if not compat.fits(decided):
+        out["status"] = "misfit"
+        warnings += [d.line() for d in decided if not d.ok]
+        return
+    marker = restore.active(root)
+    if (trusted_keys and marker and marker.artifact.key == art.key and marker.artifact.id != art.id
+            and _older(art, marker.artifact) and restore.still_intact(marker, root, trusted_keys) is None):
+        out["status"] = "rollback"
+        warnings.append(f"not activated: the store offers an artifact created {art.created_at}, older than the "
+                        f"signed one active in {root} (created {marker.artifact.created_at}) for the same key: "
+                        "a rollback; remove the old entry from the store (`warmer rm`) if it is intended")
+        return
+    env = serving.vllm_env(recipe, root, files=[f.path for f in art.files], offline=offline)
+    out["env"] = env
+    warnings += art.path_contract.warnings(root, recipe.model, [n for n, c in art.components.items() if not c.relocatable],
+                                           {**serving_env, **env.vars})
+    result = restore.restore(art, lambda: store.open_blob(entry.blob.sha256, spool_dir=root.parent), root,
+                             archive_sha256=entry.blob.sha256, max_bytes=max_bytes, trusted_keys=trusted_keys,
+                             signature=entry.signature, lock_timeout=lock_timeout)
+    out["status"] = "hit" if result.status == "restored" else result.status
+    out["restore"] = result
+    out["build_timings"] = art.timings
+    # ninja's dry run of every restored JIT module, in the env vLLM will start with
+    out["flashinfer"] = flashinfer_jit.dry_run(root, {**serving_env, **env.vars})
+    if out["flashinfer"]["clean"] is False:
+        dirty = [m for m, r in out["flashinfer"]["modules"].items() if not r["clean"]]
+        warnings.append(f"ninja would rebuild FlashInfer module(s) {', '.join(dirty)}: "
+                        f"see `warmer flashinfer-check --root {root}`")
+    if art.vllm:
+        out["vllm_differences"] = tuple(art.vllm.differences({**serving_env, **env.vars}))
+        warnings += [d.line() for d in out["vllm_differences"]]

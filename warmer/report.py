@@ -1,42 +1,48 @@
-"""Human-readable reports. Every number shown is one that was measured."""
+"""Human-readable reports of warmer's results. Every number shown is one that was measured."""
 
 from __future__ import annotations
 
+from warmer.build import BuildResult, PublishResult
+from warmer.catalog import Collection, Listing, Removal
+from warmer.doctor import ERROR, INFO, WARNING, Diagnosis
+from warmer.explain import Explanation
+from warmer.fetch import FetchResult
+from warmer.fingerprint import Fingerprint
+from warmer.verify import VerifyResult
 
-def _s(value) -> str:
+
+def seconds(value) -> str:
     return f"{value:.1f} s" if isinstance(value, (int, float)) else "-"
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
+def megabytes(n) -> str:
+    return f"{n / 1e6:.1f} MB" if isinstance(n, (int, float)) else "-"
 
 
 def pairs(doc: dict) -> str:
     return "\n".join(f"{k}: {v}" for k, v in doc.items() if not isinstance(v, (dict, list)))
 
 
-def fingerprint(fp: dict) -> str:
-    gpu, cpu, paths = fp["gpu"], fp["cpu"], fp["paths"]
-    if gpu["mixed"]:
-        gpus = "MIXED: " + ", ".join(f"{d['index']}: {d['name']} (sm {d['compute_capability']})"
-                                     for d in gpu["devices"])
-    elif gpu["count"]:
-        gpus = f"{gpu['count']} x {gpu['name']} (sm {gpu['compute_capability']}, FlashInfer arch {gpu['arch']})"
+def fingerprint(fp: Fingerprint) -> str:
+    gpu, cpu, paths = fp.gpu, fp.cpu, fp.paths
+    if gpu.mixed:
+        gpus = "MIXED: " + ", ".join(f"{d.index}: {d.name} (sm {d.compute_capability})" for d in gpu.devices)
+    elif gpu.count:
+        gpus = f"{gpu.count} x {gpu.name} (sm {gpu.compute_capability}, FlashInfer arch {gpu.arch})"
     else:
-        gpus = "none" + (f" ({'; '.join(gpu['notes'])})" if gpu.get("notes") else "")
-    pkgs = ", ".join(f"{k} {v}" for k, v in sorted(fp["packages"].items())) or "none"
+        gpus = "none" + (f" ({'; '.join(gpu.notes)})" if gpu.notes else "")
+    pkgs = ", ".join(f"{k} {v}" for k, v in sorted(fp.packages.items())) or "none"
     lines = [
-        f"machine:   {fp['machine']} {fp['os']}, glibc {fp['glibc']}, python {fp['python']}",
-        f"cpu:       {cpu['model']} ({cpu['vendor']}), {cpu['threads']} threads ({cpu['logical']} logical), "
-        f"isa {' '.join(cpu['isa'])}",
+        f"machine:   {fp.machine} {fp.os}, glibc {fp.glibc}, python {fp.python}",
+        f"cpu:       {cpu.model} ({cpu.vendor}), {cpu.threads} threads ({cpu.logical} logical), isa {' '.join(cpu.isa)}",
         f"gpus:      {gpus}",
     ]
-    if gpu["count"]:
-        lines.append(f"driver:    {gpu['driver']}, cuda driver {gpu['cuda_driver']} (from {gpu['source']})")
+    if gpu.count:
+        lines.append(f"driver:    {gpu.driver}, cuda driver {gpu.cuda_driver} (from {gpu.source})")
     lines += [
         f"packages:  {pkgs}",
-        f"toolchain: torch cuda {fp['torch_cuda']}, nvcc {fp['nvcc']}, ninja {fp['ninja']}",
-        "paths:     " + ", ".join(f"{k} {v}" for k, v in paths.items() if v is not None),
+        f"toolchain: torch cuda {fp.torch_cuda}, nvcc {fp.nvcc}, ninja {fp.ninja}",
+        "paths:     " + ", ".join(f"{k} {v}" for k, v in vars(paths).items() if v is not None),
     ]
     return "\n".join(lines)
 
@@ -55,78 +61,128 @@ def timings_table(cold: dict, restored: dict) -> str:
             continue
         # Ratios of sub-0.1 s phases are noise.
         ratio = f"{c / r:.1f}x" if c and r and min(c, r) >= 0.1 else "-"
-        lines.append(f"  {label:<26}{_s(c):>10}{_s(r):>10}{ratio:>8}")
+        lines.append(f"  {label:<26}{seconds(c):>10}{seconds(r):>10}{ratio:>8}")
     return "\n".join(lines)
 
 
-def verify(v: dict) -> str:
-    files = v["files"]
-    lines = [f"verdict: {v['verdict']} - {files['recompiled_files']} recompiled file(s) "
-             f"({files['new_files']} new, {files['rewritten_files']} rewritten)"]
-    if files["by_component"]:
-        lines.append("  by component: " + ", ".join(f"{k} {n}" for k, n in files["by_component"].items()))
-    if v["log_recompiles"]:
-        lines.append("  vLLM log: " + ", ".join(f"{k} x{n}" for k, n in v["log_recompiles"].items()))
-    lines.append(timings_table(v["cold"], v["restored"]))
-    lines.append(f"  log: {v['log']}")
+def verify(v: VerifyResult) -> str:
+    f = v.files
+    lines = [f"verdict: {v.verdict} - {f.recompiled} recompiled file(s) ({f.new} new, {f.rewritten} rewritten)"]
+    if f.by_component:
+        lines.append("  by component: " + ", ".join(f"{k} {n}" for k, n in f.by_component.items()))
+    if v.outside_root:
+        lines.append(f"  {len(v.outside_root)} file(s) written outside the root, e.g. {v.outside_root[0]['path']}")
+    if v.log_recompiles:
+        lines.append("  vLLM log: " + ", ".join(f"{k} x{n}" for k, n in v.log_recompiles.items()))
+    lines.append(timings_table(v.cold, v.restored))
+    lines.append(f"  log: {v.log}")
     return "\n".join(lines)
 
 
-def build(r: dict) -> str:
-    if r.get("status") == "already-published" and "verify" not in r:
-        return f"already published: recipe {r['recipe']}, key {r['key'][:16]} in {r['store']} (nothing to build)"
-    lines = [f"recipe {r['recipe']}  key {r['key'][:16]}",
-             f"artifact: {r['artifact']} ({r['files']} files, {_mb(r['bytes'])} -> {_mb(r['archive_bytes'])})"]
-    lines += [f"  {name:<18}{c['files']:>6} files {_mb(c['bytes']):>12}" for name, c in r["components"].items()]
-    lines.append(f"restore for verify: {_s(r['restore']['seconds'])}")
-    lines.append(verify(r["verify"]))
-    if "publish" in r:
-        p = r["publish"]
-        lines.append(f"publish: {p['status']} to {p['store']} (blob {p['blob'][:16]}, "
-                     f"{'uploaded' if p['blob_uploaded'] else 'already there'})")
+def uncovered(files: tuple[dict, ...]) -> list[str]:
+    return [f"uncovered cache: {u['path']} ({u['bytes']} bytes) was written outside every component: it is not "
+            "packed; a node will write it again" for u in files]
+
+
+def publish(p: PublishResult) -> str:
+    return (f"publish: {p.status} to {p.store} (blob {p.blob[:16]}, "
+            f"{'uploaded' if p.blob_uploaded else 'already there'})")
+
+
+def build(r: BuildResult) -> str:
+    if r.status == "already-published" and r.verify is None:
+        return f"already published: recipe {r.recipe}, key {r.key[:16]} in {r.store} (nothing to build)"
+    lines = [f"recipe {r.recipe}  key {r.key[:16]}",
+             f"artifact: {r.artifact} ({r.files} files, {megabytes(r.bytes)} -> {megabytes(r.archive_bytes)})"]
+    lines += [f"  {name:<18}{c.files:>6} files {megabytes(c.bytes):>12}" for name, c in (r.components or {}).items()]
+    if r.env_added:
+        lines.append("env added at build: " + ", ".join(f"{k}={v}" for k, v in r.env_added.items()))
+    if r.restore:
+        lines.append(f"restore for verify: {seconds(r.restore.seconds)}")
+    if r.verify:
+        lines.append(verify(r.verify))
+    if r.publish:
+        lines.append(publish(r.publish))
     return "\n".join(lines)
 
 
-def fetch(r: dict) -> str:
-    lines = [f"warmer fetch: {r['status']} - recipe {r['recipe']}, key {r['key'][:16]}, root {r['root']}"]
-    if "for_gpus" in r:
-        lines.append(f"  for GPUs: {r['for_gpus']}")
-    if "restore" in r:
-        rs = r["restore"]
-        extra = f", {rs['files']} files, {_mb(rs['bytes'])}" if "files" in rs else ""
-        lines.append(f"  restore: {rs['status']} in {_s(rs['seconds'])}{extra}")
-    if r.get("nearest"):
-        n = r["nearest"]
-        if n["differences"]:
-            lines.append(f"  nearest artifact {n['key'][:16]} differs in: " + "; ".join(n["differences"]))
+def fetch(r: FetchResult) -> str:
+    lines = [f"warmer fetch: {r.status} - recipe {r.recipe}, key {r.key[:16]}, root {r.root}"]
+    if r.for_gpus:
+        lines.append(f"  for GPUs: {r.for_gpus}")
+    if r.restore:
+        rs = r.restore
+        extra = f", {rs.files} files, {megabytes(rs.bytes)}" if rs.files is not None else ""
+        lines.append(f"  restore: {rs.status} in {seconds(rs.seconds)}{extra}")
+    if r.nearest:
+        n = r.nearest
+        if n.differences:
+            lines.append(f"  nearest artifact {n.key[:16]} differs in: " + "; ".join(n.differences))
         else:  # fits, but was published under another key: an older warmer's rules
-            lines.append(f"  artifact {n['key'][:16]} fits this node but was published under another key; "
+            lines.append(f"  artifact {n.key[:16]} fits this node but was published under another key; "
                          "rebuild it with this warmer version (`warmer explain` shows every rule)")
+    if any(d.recompiles for d in r.vllm_differences):
+        lines.append(f"  predicted: vLLM recompiles ({', '.join(d.name for d in r.vllm_differences if d.recompiles)}"
+                     " differ from the build)")
     return "\n".join(lines)
 
 
-def explain(r: dict, verbose: bool = False) -> str:
+def explain(r: Explanation, verbose: bool = False) -> str:
     """Accepted artifacts, then rejected ones nearest first, each failed rule with its reason."""
-    lines = [f"recipe {r['recipe']} in {r['store']}: {r['accepted']} accepted, {r['rejected']} rejected "
-             f"for this node (key {r['node_key'][:16]})", f"this node: {r['node']}"]
-    lines += [f"  warning: {p}" for p in r["problems"] + r["volatile_env"]]
-    if not r["candidates"]:
+    lines = [f"recipe {r.recipe} in {r.store}: {r.accepted} accepted, {r.rejected} rejected "
+             f"for this node (key {r.node_key[:16]})", f"this node: {r.node}"]
+    lines += [f"  warning: {p}" for p in r.unfit + r.volatile_env]
+    if not r.candidates:
         lines.append("no artifact of this recipe is published in this store")
-    for c in r["candidates"]:
-        verdict = "ACCEPTED" if c["accepted"] else "rejected"
-        failed = ", ".join(f"{len(v)} {k}" for k, v in c["failed"].items() if v)
-        lines.append(f"{verdict:<9}{c['key'][:16]}{'  (this node key)' if c['exact'] else ''}"
-                     f"{'  fails ' + failed if failed else ''}  published {c['published_at']}")
-        lines.append(f"           built on {c['built_on']}")
-        for d in c["decisions"]:
-            if not d["ok"] or (verbose and d["rule"] != "advisory"):
-                lines.append(f"    {'ok ' if d['ok'] else 'NO '} {d['field']} [{d['rule']}]: {d['reason']}")
-                if not d["ok"] and d["why"]:
-                    lines.append(f"         why: {d['why']}")
-        if c["advisory_differences"]:
-            lines.append(f"    advisory differences (not decisive): {', '.join(c['advisory_differences'])}")
-    lines += [f"unreadable {u['key'][:16]}: {u['error']}" for u in r["unreadable"]]
+    for c in r.candidates:
+        verdict = "ACCEPTED" if c.accepted else "rejected"
+        failed = ", ".join(f"{len(v)} {k}" for k, v in (("hard", c.failed_hard), ("ranged", c.failed_ranged)) if v)
+        lines.append(f"{verdict:<9}{c.key[:16]}{'  (this node key)' if c.exact else ''}"
+                     f"{'  fails ' + failed if failed else ''}  published {c.published_at.isoformat()}")
+        lines.append(f"           built on {c.built_on}")
+        for d in c.decisions:
+            if not d.ok or (verbose and d.kind != "advisory"):
+                lines.append(f"    {'ok ' if d.ok else 'NO '} {d.field} [{d.kind}]: {d.reason}")
+                if not d.ok and d.why:
+                    lines.append(f"         why: {d.why}")
+        if c.advisory_differences:
+            lines.append(f"    advisory differences (not decisive): {', '.join(c.advisory_differences)}")
+    lines += [f"unreadable {key[:16]}: {why}" for key, why in r.unreadable]
     return "\n".join(lines)
+
+
+def ls(r: Listing) -> str:
+    if not r.rows and not r.unreadable:
+        return f"{r.store}: no artifacts"
+    lines = [f"{'RECIPE':<28} {'KEY':<16} {'MACHINE':<28} {'PUBLISHED':<25} {'SIZE':>10} {'VERIFY':<8}"]
+    for row in r.rows:
+        lines.append(f"{row.recipe:<28} {row.key[:16]:<16} {row.machine:<28} "
+                     f"{row.published_at.isoformat():<25} {row.archive_bytes / 1e6:>7.1f} MB {row.verify or '-':<8}")
+    for u in r.unreadable:
+        lines.append(f"{u.recipe:<28} {u.key[:16]:<16} UNREADABLE: {u.why}")
+    lines.append(f"{len(r.rows)} artifact(s) in {r.store}; details: warmer inspect {r.store}/index/RECIPE/KEY")
+    if r.unreadable:
+        lines.append(f"{len(r.unreadable)} unreadable entr{'y' if len(r.unreadable) == 1 else 'ies'}: remove with "
+                     f"`warmer rm {r.store}/index/RECIPE/KEY --yes`")
+    return "\n".join(lines)
+
+
+def gc(r: Collection) -> str:
+    verb = "would delete" if r.dry_run else "deleted"
+    lines = [f"{verb}: {e.recipe} {e.key[:16]} ({e.machine}, published {e.published_at.isoformat()})"
+             for e in r.deleted_entries]
+    lines.append(f"{r.store}: {verb} {len(r.deleted_entries)} of {r.entries} index entries and "
+                 f"{len(r.deleted_blobs)} blob(s), {r.freed_bytes / 1e6:.1f} MB; kept {r.kept_entries} "
+                 f"(newest {r.keep} per recipe and machine kind)")
+    return "\n".join(lines)
+
+
+def rm(r: Removal) -> str:
+    verb = "would remove" if r.dry_run else "removed"
+    blob = (f"; blob {r.blob[:16]} {'deleted' if r.blob_deleted else 'kept (another entry names it, or an entry is unreadable)'}"
+            if r.blob else "; its blob is unknown (unreadable entry): kept")
+    tail = " (pass --yes to remove it)" if r.dry_run else "; an audit record is kept in the store"
+    return f"{verb} {r.store}/index/{r.recipe}/{r.key}{blob}{tail}"
 
 
 def flashinfer_check(r: dict) -> str:
@@ -150,5 +206,60 @@ def flashinfer_check(r: dict) -> str:
                      "rerun with --backdate (add --include-site-packages for installed headers)")
     if "backdate" in r:
         b = r["backdate"]
-        lines.append(f"back-dated {len(b['files'])} file(s); left {len(b['held_back_site_packages'])} in site-packages")
+        lines.append(f"back-dated {len(b['files'])} file(s) in the root; left {len(b['held_back_site_packages'])} in "
+                     f"site-packages and {len(b['held_back_outside_root'])} elsewhere outside the root")
     return "\n".join(lines) or "no FlashInfer JIT modules under this root"
+
+
+def doctor(r: Diagnosis) -> str:
+    lines = ["cache locations:"]
+    for row in r.locations:
+        where = f"{row['fstype']} on {row['mount_point']}" if row["mount_point"] else "?"
+        lines.append(f"  {row['var']:<30}{row['path']}{' (default)' if row['default'] else ''}  [{row['kind']}: {where}"
+                     f"{', read-only' if row['read_only'] else ''}]")
+    if r.root:
+        lines.append(f"root: {r.root}")
+    for f in r.findings:
+        lines.append(f"{f.severity.upper():<8}{f.check}: {f.what}")
+        if f.fix != "none":
+            lines.append(f"{'':<8}fix: {f.fix}")
+    c = r.counts
+    lines.append(f"{c[ERROR]} error(s), {c[WARNING]} warning(s), {c[INFO]} note(s)")
+    return "\n".join(lines)
+
+
+# (label, key in the timings) rows of the CI summary: the phases a cold start pays for.
+SUMMARY_ROWS = (("engine start (LLM() to ready)", "engine_init_s"), ("vLLM init engine", "init_engine_s"),
+                ("torch.compile", "torch_compile_s"), ("process, start to exit", "process_s"))
+
+
+def step_summary(r: BuildResult | None, *, recipe: str, error: str | None = None) -> str:
+    """Markdown for $GITHUB_STEP_SUMMARY: cold and restored times, artifact size, verify result."""
+    status = "failed" if error else (r.status if r else "-")
+    lines = [f"### warmer build: `{recipe}` — {status}", ""]
+    if error:
+        lines += [f"> {error}", ""]
+    if r is None:
+        return "\n".join(lines) + "\n"
+    if r.status == "already-published" and r.verify is None:
+        lines.append(f"Already published in `{r.store}` (key `{r.key[:16]}`): nothing built.")
+        return "\n".join(lines) + "\n"
+    v = r.verify
+    lines += ["| | |", "|---|---|",
+              f"| key | `{r.key[:16]}` |",
+              f"| artifact | {r.files if r.files is not None else '-'} files, {megabytes(r.bytes)} packed to "
+              f"{megabytes(r.archive_bytes)} |",
+              f"| verify | **{v.verdict if v else '-'}**, {v.files.recompiled if v else '-'} recompiled file(s) |"]
+    if r.uncovered:
+        lines.append(f"| uncovered caches | {len(r.uncovered)} file(s) outside every component |")
+    if r.restore:
+        lines.append(f"| restore | {seconds(r.restore.seconds)} |")
+    if r.publish:
+        lines.append(f"| publish | {r.publish.status} to `{r.publish.store}` |")
+    cold, restored = r.cold or {}, (v.restored if v else {})
+    rows = [(label, cold.get(k), restored.get(k)) for label, k in SUMMARY_ROWS
+            if cold.get(k) is not None or restored.get(k) is not None]
+    if rows:
+        lines += ["", "| phase | cold | restored |", "|---|---:|---:|"]
+        lines += [f"| {label} | {seconds(c)} | {seconds(w)} |" for label, c, w in rows]
+    return "\n".join(lines) + "\n"

@@ -3,6 +3,12 @@
 Extract into a staging directory beside the root, check every file against artifact.json,
 then swap it in with one atomic rename. A lock beside the root makes concurrent restores
 (pods of one node sharing a hostPath) take turns; the second finds the work done.
+
+The directory beside the root is shared with every pod on the node (a hostPath), so nothing
+found there is trusted: the lock is opened without following links and must be a regular file
+of ours, a lock held too long is reported with its holder instead of waited on forever,
+leftovers are touched only when they are our own directories, and a root warmer did not
+create is not replaced unless asked (force).
 """
 
 from __future__ import annotations
@@ -13,47 +19,190 @@ import fcntl
 import hashlib
 import json
 import os
-import shlex
 import shutil
+import stat
+import sys
 import time
+import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO, Callable, ContextManager
 
-from warmer import archive, artifact, components, signing
+from warmer import archive, components, signing
+from warmer.artifact import Artifact, ArtifactError
+from warmer.atomic import write_bytes
+from warmer.errors import WarmerError
+from warmer.untrusted import Fields, InvalidDocument, load_json
 
-MARKER = ".warmer-artifact.json"
+MARKER = ".warmer-artifact.json"   # in an active root: which artifact it holds
+PREPARED = ".warmer-root"          # in a root warmer prepared for vLLM to compile into (a miss)
 DEFAULT_MAX_BYTES = 256 << 30
+DEFAULT_LOCK_TIMEOUT = 900.0       # a restore of a large artifact on a slow disk takes minutes
+MAX_MARKER_BYTES = archive.MANIFEST_LIMIT + (1 << 20)
 
 
-class RestoreError(Exception):
+class RestoreError(WarmerError):
     """The artifact was not activated; the root holds what it held before."""
 
 
-def artifact_id(doc: dict) -> str:
-    """Identifies one artifact.json exactly (files, digests and timings)."""
-    return hashlib.sha256(artifact.dumps(doc)).hexdigest()
+def not_activated(root: Path, why: str) -> RestoreError:
+    return RestoreError(f"not activated, {root} is unchanged: {why}")
 
 
-def active(root: Path) -> dict | None:
-    """The marker of the artifact active in root, if any."""
+# -- the marker ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Marker:
+    """What an active root holds: its artifact.json (and its signature, when it was checked)."""
+    artifact: Artifact
+    archive_sha256: str
+    restored_at: str
+    signature: signing.Signature | None
+
+    def to_bytes(self) -> bytes:
+        # artifact.json is spliced in as its canonical bytes: the marker's id check needs them exact.
+        head = (f'{{"artifact_id":"{self.artifact.id}","key":"{self.artifact.key}",'
+                f'"recipe":"{self.artifact.recipe.name}","archive_sha256":"{self.archive_sha256}",'
+                f'"restored_at":"{self.restored_at}",').encode()
+        sig = self.signature.to_json() if self.signature else None
+        return head + b'"signature":' + json.dumps(sig).encode() + b',"artifact":' + \
+            self.artifact.canonical.rstrip(b"\n") + b"}"
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> "Marker":
+        f = Fields(load_json(data, what=where, max_bytes=MAX_MARKER_BYTES), where)
+        art = Artifact.from_json(f.obj("artifact").doc, f"{where}.artifact")
+        if f.str("artifact_id", max_len=64) != art.id:
+            raise InvalidDocument(f"{where}: its artifact_id does not match its artifact.json")
+        return cls(art, f.str("archive_sha256", max_len=64), f.str("restored_at", max_len=64),
+                   signing.Signature.from_json(f.raw("signature"), f"{where}.signature"))
+
+
+def active(root: Path) -> Marker | None:
+    """The marker of the artifact active in root, if any (None for a malformed one too)."""
+    f = _open_regular(Path(root) / MARKER)
+    if f is None:
+        return None
+    with f:
+        data = f.read(MAX_MARKER_BYTES + 1)
     try:
-        return json.loads((root / MARKER).read_text())
-    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return Marker.from_bytes(data, f"{root}/{MARKER}")
+    except (InvalidDocument, ArtifactError):
         return None
 
 
+def _open_regular(path: Path) -> BinaryIO | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return open(fd, "rb")
+
+
+def still_intact(marker: Marker, root: Path, trusted_keys=()) -> str | None:
+    """Why an active root cannot be taken as the artifact it claims to hold; None when it can.
+
+    Cheap enough for every no-op fetch: a signature check of artifact.json (with trusted keys)
+    and one lstat per file, sizes compared."""
+    if trusted_keys:
+        try:
+            signing.verify(marker.artifact.canonical, marker.signature, list(trusted_keys))
+        except signing.SignatureError as e:
+            return f"its marker's artifact.json is not signed by a trusted key ({e})"
+    for e in marker.artifact.files:
+        try:
+            st = os.lstat(root / e.path)
+        except OSError:
+            return f"{e.path} is missing"
+        if not stat.S_ISREG(st.st_mode) or st.st_size != e.size:
+            return f"{e.path} is not the file artifact.json lists (size or kind differs)"
+    return None
+
+
+# -- the lock -------------------------------------------------------------------------------------
+
+def lock_path(root: Path) -> Path:
+    return root.parent / f".{root.name}.warmer.lock"
+
+
+def _holders(fd: int) -> list[int]:
+    """Processes holding a lock on the file open as fd, from /proc/locks (Linux)."""
+    st = os.fstat(fd)
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                fields = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (or "->" for waiters)
+                if len(fields) >= 6 and fields[1] != "->" and fields[5] == want and fields[4].isdigit():
+                    pids.append(int(fields[4]))
+    except OSError:
+        pass
+    return pids
+
+
+def _describe(pid: int) -> str:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        cmd = ""
+    return f"pid {pid}" + (f" ({cmd[:120]})" if cmd else "")
+
+
 @contextmanager
-def _locked(root: Path):
-    lock_path = root.parent / f".{root.name}.warmer.lock"
-    with open(lock_path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+def locked(root: Path, timeout: float = DEFAULT_LOCK_TIMEOUT):
+    """Hold the lock beside root; RestoreError after timeout seconds, naming the holder."""
+    path = lock_path(root)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise not_activated(root, f"the lock {path} is a symbolic link, which warmer never creates: "
+                                      "someone planted it; remove it") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_activated(root, f"the lock {path} is not a regular file ({stat.filemode(st.st_mode)}): "
+                                      "someone planted it; remove it")
+        if st.st_uid not in (os.geteuid(), 0):
+            raise not_activated(root, f"the lock {path} belongs to uid {st.st_uid}, not to this user "
+                                      f"({os.geteuid()}) or root: restore as its owner, or remove it")
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        said = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not said:  # a person watching a pod's log should know why nothing moves
+                    holders = ", ".join(_describe(p) for p in _holders(fd) if p != os.getpid()) or "another process"
+                    print(f"warmer: waiting up to {timeout:.0f} s for the lock {path}, held by {holders}",
+                          file=sys.stderr, flush=True)
+                    said = True
+                if time.monotonic() >= deadline:
+                    holders = ", ".join(_describe(p) for p in _holders(fd) if p != os.getpid()) or "an unknown process"
+                    raise not_activated(root, f"the lock {path} is still held after {timeout:.0f} s by {holders}; "
+                                              "another restore may be running (wait, or stop it), or a process "
+                                              "holds the lock file open: stop it, or remove the lock") from None
+                time.sleep(delay)  # polling the lock with a deadline (flock has no timeout)
+                delay = min(delay * 2, 0.5)
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
+
+# -- staging and activation -----------------------------------------------------------------------
 
 def _exchange(a: Path, b: Path) -> None:
     """Swap two paths atomically (renameat2 RENAME_EXCHANGE)."""
@@ -85,10 +234,23 @@ def _activate(staging: Path, root: Path) -> None:
         os.rename(old, staging)
 
 
+def _ours(path: Path) -> bool:
+    """A real directory (not a link) owned by this user: something a restore of ours left."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+
+
 def _clean_leftovers(root: Path) -> None:
-    """Under the lock no other restore is running: staging dirs left behind are from crashes."""
+    """Under the lock no other restore is running: staging dirs left behind are from crashes.
+    Anything else by those names (a link, another user's directory) is left alone: never followed,
+    never renamed into place."""
     for p in root.parent.glob(f".{root.name}.staging-*"):
-        if p.name.endswith(".old") and not root.exists():
+        if not _ours(p):
+            continue
+        if p.name.endswith(".old") and not os.path.lexists(root) and (p / MARKER).is_file():
             os.rename(p, root)
         else:
             shutil.rmtree(p, ignore_errors=True)
@@ -104,6 +266,28 @@ def check_root(root: Path) -> Path:
     return root
 
 
+def _replaceable(root: Path) -> str | None:
+    """Why root may not be replaced without force: None when it is absent, empty, or warmer's."""
+    if not root.exists():
+        return None
+    if (root / MARKER).is_file() or (root / PREPARED).is_file():
+        return None
+    if not any(root.iterdir()):
+        return None
+    return (f"{root} holds files warmer did not put there (no {MARKER} or {PREPARED}): a restore would replace "
+            "them; pass --force if that is intended, or choose another root")
+
+
+def prepare(root: Path) -> None:
+    """Mark root as warmer's and create every cache directory (a TMPDIR that does not exist is
+    silently replaced by /tmp)."""
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / MARKER).exists():
+        (root / PREPARED).touch()
+    for path in components.cache_env(root).values():
+        Path(path).mkdir(parents=True, exist_ok=True)
+
+
 def _os_error(e: OSError, root: Path) -> RestoreError:
     where = e.filename or root.parent
     if e.errno == errno.ENOSPC:
@@ -114,60 +298,80 @@ def _os_error(e: OSError, root: Path) -> RestoreError:
         fix = "the filesystem is read-only: choose a root on a writable volume"
     else:
         fix = "see the error above"
-    return RestoreError(f"not activated, {root} is unchanged: {e.strerror or e} ({where}): {fix}")
+    return not_activated(root, f"{e.strerror or e} ({where}): {fix}")
 
 
-def restore(doc: dict, open_archive: Callable[[], ContextManager[BinaryIO]], root: Path, *,
-            archive_sha256: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
-    """Activate the artifact described by doc in root; a no-op when it is already active.
+@dataclass(frozen=True)
+class RestoreResult:
+    status: str         # "restored" or "already-active"
+    root: str
+    key: str
+    seconds: float
+    files: int | None = None
+    bytes: int | None = None
+    archive_bytes: int | None = None
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+def restore(art: Artifact, open_archive: Callable[[], ContextManager[BinaryIO]], root: Path, *,
+            archive_sha256: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES, trusted_keys=(),
+            signature: signing.Signature | None = None, force: bool = False,
+            lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> RestoreResult:
+    """Activate art in root; a no-op when it is already active and intact.
 
     open_archive opens the archive's bytes (a local file or a store's blob). The archive's own
-    artifact.json must equal doc, every file must match it, and, when given, the archive must
-    hash to archive_sha256. Anything else leaves root as it was.
+    artifact.json must equal art, every file must match it, and, when given, the archive must
+    hash to archive_sha256. Anything else leaves root as it was. signature (already verified by
+    the caller) is kept in the marker, so a later no-op can check it again.
     """
     root = check_root(root)
-    want = artifact_id(doc)
     t0 = time.perf_counter()
-    staging = root.parent / f".{root.name}.staging-{os.getpid()}"
+    staging = root.parent / f".{root.name}.staging-{uuid.uuid4().hex[:12]}"
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(root):
+        with locked(root, lock_timeout):
             _clean_leftovers(root)
             marker = active(root)
-            if marker and marker.get("artifact_id") == want:
-                return {"status": "already-active", "root": str(root), "key": doc["key"],
-                        "seconds": round(time.perf_counter() - t0, 3)}
-            need = artifact.total_bytes(doc)
-            free = shutil.disk_usage(root.parent).free
+            if marker and marker.artifact.id == art.id and still_intact(marker, root, trusted_keys) is None:
+                return RestoreResult("already-active", str(root), art.key, round(time.perf_counter() - t0, 3))
+            why = None if force or marker else _replaceable(root)
+            if why:
+                raise not_activated(root, why)
+            need, free = art.total_bytes, shutil.disk_usage(root.parent).free
             if need > free:
-                raise RestoreError(f"the artifact unpacks to {need / 2**30:.2f} GiB but {root.parent} has "
-                                   f"{free / 2**30:.2f} GiB free: free space or choose another root")
+                raise not_activated(root, f"the artifact unpacks to {need / 2**30:.2f} GiB but {root.parent} has "
+                                          f"{free / 2**30:.2f} GiB free: free space or choose another root")
             try:
                 staging.mkdir()
-                got = _extract(doc, want, open_archive, staging, archive_sha256, max_bytes)
+                got = _extract(art, open_archive, staging, archive_sha256, max_bytes)
+                write_bytes(staging / MARKER, Marker(art, got.archive_sha256,
+                                                     datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                                     signature).to_bytes())
                 _activate(staging, root)
             finally:
                 # After a swap this holds the previous root; after a failure, the partial extraction.
-                shutil.rmtree(staging, ignore_errors=True)
-    except (archive.ArchiveError, artifact.ArtifactError) as e:
-        raise RestoreError(f"not activated, {root} is unchanged: {e}") from e
+                if _ours(staging):
+                    shutil.rmtree(staging, ignore_errors=True)
+    except (archive.ArchiveError, ArtifactError) as e:
+        raise not_activated(root, str(e)) from e
     except OSError as e:
         raise _os_error(e, root) from e
-    return {"status": "restored", "root": str(root), "key": doc["key"], "files": got.files,
-            "bytes": got.bytes, "archive_bytes": got.archive_bytes,
-            "seconds": round(time.perf_counter() - t0, 3)}
+    return RestoreResult("restored", str(root), art.key, round(time.perf_counter() - t0, 3), got.files, got.bytes,
+                         got.archive_bytes)
 
 
-def _extract(doc: dict, want: str, open_archive, staging: Path, archive_sha256: str | None,
+def _extract(art: Artifact, open_archive, staging: Path, archive_sha256: str | None,
              max_bytes: int) -> archive.Extracted:
     """Unpack and check into staging, then add what the root needs besides the files."""
     def expected(manifest: bytes) -> dict:
-        # Bytes that hash to want are doc, written by artifact.dumps: no need to parse and
-        # re-serialize 12k file entries (0.1 s) to see it; anything else gets the full check.
-        if hashlib.sha256(manifest).hexdigest() != want and artifact_id(artifact.loads(manifest)) != want:
+        # Bytes that hash to art's id are art, written canonically: no need to parse 12k file
+        # entries (0.1 s) to see it; anything else gets the full check.
+        if hashlib.sha256(manifest).hexdigest() != art.id and Artifact.from_bytes(manifest).id != art.id:
             raise archive.ArchiveError("the archive's artifact.json is not the one this restore "
                                        "was asked for (the store's index and blob disagree)")
-        return artifact.entries(doc)
+        return art.entries()
 
     with open_archive() as stream:
         got = archive.extract(stream, staging, expected, max_bytes)
@@ -176,37 +380,32 @@ def _extract(doc: dict, want: str, open_archive, staging: Path, archive_sha256: 
                                    f"{archive_sha256}: corrupt or truncated download")
     for c in components.ALL:  # e.g. TMPDIR must exist, or it is silently replaced by /tmp
         (staging / c.subdir).mkdir(exist_ok=True)
-    (staging / MARKER).write_text(json.dumps({
-        "artifact_id": want, "key": doc["key"], "recipe": doc["recipe"]["name"],
-        "archive_sha256": got.archive_sha256,
-        "restored_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "artifact": doc}))  # compact: json's C encoder; indent=1 takes the pure-Python one
     return got
 
 
+def read_artifact_file(path: Path) -> Artifact:
+    """The artifact.json at the head of a local artifact file."""
+    try:
+        with open(path, "rb") as f:
+            return Artifact.from_bytes(archive.read_manifest(f), f"{path}: artifact.json")
+    except FileNotFoundError:
+        raise RestoreError(f"artifact file {path} does not exist") from None
+    except IsADirectoryError:
+        raise RestoreError(f"{path} is a directory, not an artifact file") from None
+
+
 def restore_file(path: Path, root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, trusted_keys=(),
-                 signature: dict | None = None) -> dict:
+                 signature: signing.Signature | None = None, force: bool = False,
+                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> RestoreResult:
     """Restore from a local artifact file (image builds, air-gapped nodes).
 
     With trusted_keys, the file must be signed by one of them (signature, or FILE.sig)."""
     try:
-        with open(path, "rb") as f:
-            manifest = archive.read_manifest(f)
-        doc = artifact.loads(manifest)
+        art = read_artifact_file(path)
         if trusted_keys:
-            signing.check(manifest, signature or signing.read_sidecar(path), list(trusted_keys))
-    except FileNotFoundError:
-        raise RestoreError(f"artifact file {path} does not exist") from None
-    except (archive.ArchiveError, artifact.ArtifactError, signing.SignatureError) as e:
+            signature = signature or signing.read_sidecar(signing.sidecar(path))
+            signing.verify(art.canonical, signature, list(trusted_keys))
+    except (archive.ArchiveError, ArtifactError, signing.SignatureError) as e:
         raise RestoreError(f"not activated: {path}: {e}") from e
-    return restore(doc, lambda: open(path, "rb"), root, max_bytes=max_bytes)
-
-
-def render_env(env: dict[str, str], fmt: str) -> str:
-    """shell: `export K=V` lines to source; dotenv: K=V lines (docker --env-file, systemd)."""
-    lines = []
-    for k, v in env.items():
-        if "\n" in v:
-            raise RestoreError(f"env {k} holds a newline; it cannot be written as {fmt}")
-        lines.append(f"export {k}={shlex.quote(v)}" if fmt == "shell" else f"{k}={v}")
-    return "\n".join(lines) + "\n"
+    return restore(art, lambda: open(path, "rb"), root, max_bytes=max_bytes, trusted_keys=trusted_keys,
+                   signature=signature, force=force, lock_timeout=lock_timeout)

@@ -4,20 +4,53 @@ Keys are PEM files (`openssl genpkey -algorithm ed25519 -out build.key` and
 `openssl pkey -in build.key -pubout -out build.pub`). A signature is a small JSON document:
 {"alg": "ed25519", "key_id": ..., "signature": base64}; it travels in the store's index entry
 and, for local files, beside the artifact as FILE.sig.
+
+What is signed is artifact.json's canonical bytes, and artifact.json names its recipe and its
+key: a signature binds the artifact to both, and fetch checks them against its own lookup
+(warmer.entry) so that a signed entry copied into another recipe's or key's slot is refused.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from warmer.atomic import write_bytes
+from warmer.errors import UntrustedInput, UsageError
+from warmer.untrusted import Fields, InvalidDocument, load_json
 
 ALG = "ed25519"
+MAX_SIDECAR_BYTES = 4096
 
 
-class SignatureError(Exception):
+class SignatureError(UntrustedInput):
     """An artifact is unsigned, wrongly signed, or signed by a key that is not trusted."""
+
+
+class KeyFileError(UsageError):
+    """A key file given on the command line cannot be used."""
+
+
+@dataclass(frozen=True)
+class Signature:
+    alg: str
+    key_id: str
+    signature: str  # base64
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str = "signature") -> "Signature | None":
+        if doc is None:
+            return None
+        f = Fields(doc, where)
+        return cls(f.str("alg", max_len=32), f.str("key_id", max_len=64), f.str("signature", max_len=256))
+
+    def to_json(self) -> dict:
+        return {"alg": self.alg, "key_id": self.key_id, "signature": self.signature}
 
 
 def _key_id(public_key) -> str:
@@ -31,58 +64,68 @@ def _load(path: str | Path, private: bool):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
-    data = Path(path).read_bytes()
+    kind = "private" if private else "public"
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise KeyFileError(f"cannot read the {kind} key {path}: {e.strerror}") from None
     try:
         key = (serialization.load_pem_private_key(data, password=None) if private
                else serialization.load_pem_public_key(data))
     except (ValueError, TypeError) as e:
-        kind = "private" if private else "public"
-        raise SignatureError(f"{path}: not an unencrypted PEM {kind} key ({e})") from e
+        raise KeyFileError(f"{path}: not an unencrypted PEM {kind} key ({e})") from e
     wanted = ed25519.Ed25519PrivateKey if private else ed25519.Ed25519PublicKey
     if not isinstance(key, wanted):
-        raise SignatureError(f"{path}: not an Ed25519 key; make one with `openssl genpkey -algorithm ed25519`")
+        raise KeyFileError(f"{path}: not an Ed25519 key; make one with `openssl genpkey -algorithm ed25519`")
     return key
 
 
-def sign(manifest: bytes, private_key: str | Path) -> dict:
+def sign(manifest: bytes, private_key: str | Path) -> Signature:
     key = _load(private_key, private=True)
-    return {"alg": ALG, "key_id": _key_id(key.public_key()),
-            "signature": base64.b64encode(key.sign(manifest)).decode()}
+    return Signature(ALG, _key_id(key.public_key()), base64.b64encode(key.sign(manifest)).decode())
 
 
-def check(manifest: bytes, signature: dict | None, trusted_keys: list[str | Path]) -> str:
+def verify(manifest: bytes, signature: Signature | None, trusted_keys: list[str | Path]) -> str:
     """The key id of the trusted key that signed manifest; raises SignatureError otherwise."""
     from cryptography.exceptions import InvalidSignature
 
-    if not signature:
+    if signature is None:
         raise SignatureError("the artifact is unsigned and trusted keys are configured: refused "
                              "(publish it with --sign-key)")
-    if signature.get("alg") != ALG:
-        raise SignatureError(f"signature algorithm {signature.get('alg')!r} is not {ALG}")
+    if signature.alg != ALG:
+        raise SignatureError(f"signature algorithm {signature.alg!r} is not {ALG}")
     keys = {_key_id(k): k for k in (_load(p, private=False) for p in trusted_keys)}
-    key = keys.get(signature.get("key_id"))
+    key = keys.get(signature.key_id)
     if key is None:
-        raise SignatureError(f"signed by key {signature.get('key_id')}, which is not among the trusted keys "
+        raise SignatureError(f"signed by key {signature.key_id}, which is not among the trusted keys "
                              f"({', '.join(sorted(keys))})")
     try:
-        key.verify(base64.b64decode(signature["signature"]), manifest)
-    except (InvalidSignature, ValueError, KeyError) as e:
-        raise SignatureError(f"the signature of key {signature['key_id']} does not match this artifact: "
+        key.verify(base64.b64decode(signature.signature, validate=True), manifest)
+    except (InvalidSignature, ValueError, binascii.Error) as e:
+        raise SignatureError(f"the signature of key {signature.key_id} does not match this artifact: "
                              "refused") from e
-    return signature["key_id"]
+    return signature.key_id
 
 
-def read_sidecar(artifact_file: Path) -> dict | None:
-    path = Path(str(artifact_file) + ".sig")
+def sidecar(artifact_file: Path) -> Path:
+    return Path(str(artifact_file) + ".sig")
+
+
+def read_sidecar(path: Path) -> Signature | None:
+    """A signature file (FILE.sig beside an artifact, or --signature); None when absent."""
     try:
-        return json.loads(path.read_text())
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         return None
-    except ValueError as e:
-        raise SignatureError(f"{path} is not a signature file: {e}") from e
+    except OSError as e:
+        raise SignatureError(f"cannot read the signature file {path}: {e.strerror}") from None
+    try:
+        return Signature.from_json(load_json(data, what=str(path), max_bytes=MAX_SIDECAR_BYTES), str(path))
+    except InvalidDocument as e:
+        raise SignatureError(f"{path} is not a signature file: {e}") from None
 
 
-def write_sidecar(artifact_file: Path, signature: dict) -> Path:
-    path = Path(str(artifact_file) + ".sig")
-    path.write_text(json.dumps(signature, indent=1) + "\n")
+def write_sidecar(artifact_file: Path, signature: Signature) -> Path:
+    path = sidecar(artifact_file)
+    write_bytes(path, (json.dumps(signature.to_json(), indent=1) + "\n").encode())
     return path

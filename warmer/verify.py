@@ -1,16 +1,18 @@
 """The evidence that a restored cache was hit: start the engine again, see what it had to write.
 
-A full hit means: no cache file appeared or changed under the root (file delta), and vLLM's
-log shows no recompile. Timings against the cold build are reported beside it.
+A full hit means: no cache file appeared or changed under the root (file delta), nothing was
+written outside it (the HOME sandbox: a cache no component covers), and vLLM's log shows no
+recompile, no FlashInfer JIT build and no cubin download. Timings against the cold build are
+reported beside it.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmer import components, warmup
-from warmer.components import flashinfer
+from warmer import components, flashinfer_jit, serving, warmup
 from warmer.recipe import Recipe
 
 
@@ -28,20 +30,31 @@ def snapshot(root: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def delta(before: dict, after: dict) -> dict:
-    """Cache files the run created or rewrote, by component; lock files and scratch are ignored."""
-    new = sorted(p for p in after if p not in before)
-    rewritten = sorted(p for p in after if p in before and after[p] != before[p])
+@dataclass(frozen=True)
+class FileDelta:
+    """Cache files a run created or rewrote, by component; lock files and scratch are ignored."""
+    new: int
+    rewritten: int
+    by_component: dict[str, int] = field(hash=False)
+    examples: tuple[str, ...] = ()
+
+    @property
+    def recompiled(self) -> int:
+        return self.new + self.rewritten
+
+    def to_json(self) -> dict:
+        return {"new_files": self.new, "rewritten_files": self.rewritten, "recompiled_files": self.recompiled,
+                "by_component": dict(self.by_component), "examples": list(self.examples)}
+
+
+def delta(before: dict, after: dict) -> FileDelta:
+    new = sorted(p for p in after if p not in before and components.of_path(p))
+    rewritten = sorted(p for p in after if p in before and after[p] != before[p] and components.of_path(p))
     by_component: dict[str, int] = {}
-    changed = []
     for path in new + rewritten:
-        c = components.of_path(path)
-        if c is not None:
-            by_component[c.name] = by_component.get(c.name, 0) + 1
-            changed.append(path)
-    return {"new_files": sum(1 for p in new if components.of_path(p)),
-            "rewritten_files": sum(1 for p in rewritten if components.of_path(p)),
-            "recompiled_files": len(changed), "by_component": by_component, "examples": changed[:10]}
+        name = components.of_path(path).name
+        by_component[name] = by_component.get(name, 0) + 1
+    return FileDelta(len(new), len(rewritten), by_component, tuple((new + rewritten)[:10]))
 
 
 def _ratio(cold: dict, warm: dict, name: str) -> float | None:
@@ -50,26 +63,40 @@ def _ratio(cold: dict, warm: dict, name: str) -> float | None:
     return None
 
 
-def verify(recipe: Recipe, root: Path, workdir: Path, cold: dict | None = None, label: str = "verify") -> dict:
+@dataclass(frozen=True)
+class VerifyResult:
+    verdict: str                       # hit, partial
+    files: FileDelta
+    outside_root: tuple[dict, ...]     # files the run wrote outside the root ({path, bytes})
+    log_recompiles: dict = field(hash=False)
+    flashinfer_dry_run: dict = field(hash=False)
+    log_events: dict = field(hash=False)
+    restored: dict = field(hash=False)
+    cold: dict = field(hash=False)
+    log: str = ""
+
+    @property
+    def speedup(self) -> dict:
+        return {n: _ratio(self.cold, self.restored, n) for n in ("init_engine_s", "engine_init_s", "process_s")}
+
+    def to_json(self) -> dict:
+        return {"verdict": self.verdict, "files": self.files.to_json(), "outside_root": list(self.outside_root),
+                "log_recompiles": self.log_recompiles, "flashinfer_dry_run": self.flashinfer_dry_run,
+                "log_events": self.log_events, "restored": self.restored, "cold": self.cold,
+                "speedup": self.speedup, "log": self.log}
+
+
+def verify(recipe: Recipe, root: Path, workdir: Path, cold: dict | None = None, label: str = "verify",
+           extra_env: dict | None = None) -> VerifyResult:
     """Run the engine on root once more and judge the hit; cold: the build's timings, if known."""
     # Before the engine starts: afterwards ninja would have rebuilt what it found dirty.
-    ninja = flashinfer.dry_run(root, warmup.serving_environ(recipe, root))
+    ninja = flashinfer_jit.dry_run(root, serving.environ_for_vllm(recipe, root))
     before = snapshot(root)
-    run = warmup.run_engine(recipe, root, workdir, label)
+    run = warmup.run_engine(recipe, root, workdir, label, extra_env=extra_env)
     files = delta(before, snapshot(root))
+    outside = tuple(u for u in run.uncovered if u["where"] == "home")
     events = run.log["events"]
     recompiles = {e: events[e] for e in warmup.RECOMPILE_EVENTS if events.get(e)}
-    hit = files["recompiled_files"] == 0 and not recompiles and ninja["clean"] is not False
-    restored = warmup.timings(run)
-    cold = cold or {}
-    return {
-        "verdict": "hit" if hit else "partial",
-        "files": files,
-        "log_recompiles": recompiles,
-        "flashinfer_dry_run": ninja,
-        "log_events": events,
-        "restored": restored,
-        "cold": cold,
-        "speedup": {name: _ratio(cold, restored, name) for name in ("init_engine_s", "engine_init_s", "process_s")},
-        "log": str(run.log_path),
-    }
+    hit = files.recompiled == 0 and not outside and not recompiles and ninja["clean"] is not False
+    return VerifyResult("hit" if hit else "partial", files, outside, recompiles, ninja, events,
+                        warmup.timings(run), cold or {}, str(run.log_path))

@@ -1,6 +1,9 @@
 """Drive vLLM in a child process with every cache under the root, and read its log.
 
-vLLM is never imported here: warmer.workload runs in the child, after the env is set.
+vLLM is never imported here: warmer.workload runs in the child, after the env is set. The child
+runs with HOME and XDG_CACHE_HOME in a sandbox under the build's workdir, so that a cache no
+component covers lands somewhere warmer looks (DESIGN.md rule 8): the census lists every file
+written outside a component, in the root or in the sandbox.
 """
 
 from __future__ import annotations
@@ -8,19 +11,21 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from warmer import components
+from warmer import components, restore, serving, vllmkey
+from warmer.errors import WarmerError
 from warmer.recipe import Recipe
 
 
-class WarmupError(Exception):
+class WarmupError(WarmerError):
     """The engine did not start or the workload failed; the message carries the log's tail."""
 
 
@@ -41,12 +46,17 @@ EVENTS = {
     "graph_compiled": r"Compiling a graph for (?:compile range|dynamic shape)",
     "aot_saved": r"saved AOT compiled function to",
     "flashinfer_autotune": r"Running FlashInfer autotune with",
+    # FlashInfer (flashinfer/jit/core.py build, jit/cubin_loader.py download)
+    "flashinfer_jit_build": r"Building JIT module",
+    "flashinfer_cubin_download": r"File downloaded successfully: |Fetching \S+ from http",
     # evidence of hits
     "aot_loaded": r"Directly load AOT compilation from path",
     "graph_loaded": r"Directly load the compiled graph",
 }
-RECOMPILE_EVENTS = ("aot_load_failure", "graph_compiled", "aot_saved")
+RECOMPILE_EVENTS = ("aot_load_failure", "graph_compiled", "aot_saved", "flashinfer_jit_build",
+                    "flashinfer_cubin_download")
 STAMP = r"(\d\d-\d\d \d\d:\d\d:\d\d)"
+SANDBOX_VARS = ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME")
 
 
 def parse_log(text: str) -> dict:
@@ -66,47 +76,76 @@ def parse_log(text: str) -> dict:
     return {"timings": timings, "events": events}
 
 
-def serve_env(recipe: Recipe, root: Path) -> dict[str, str]:
-    """What vLLM must start with, at build and at serve time alike: caches under root, recipe env."""
-    env = components.cache_env(root)
-    # TMPDIR points under the root (for Inductor's precompiled headers), and vLLM's IPC sockets
-    # would follow it: under a long root their paths overflow the 107-byte limit of a Unix
-    # socket. VLLM_RPC_BASE_PATH moves them back and is outside vLLM's compile key.
-    env["VLLM_RPC_BASE_PATH"] = "/tmp"
-    env.update(recipe.env)
-    return env
+def sandbox_env(sandbox: Path) -> dict[str, str]:
+    """HOME and the XDG dirs in a fresh directory: where a library's default cache would land."""
+    return {"HOME": str(sandbox), "XDG_CACHE_HOME": str(sandbox / ".cache"),
+            "XDG_CONFIG_HOME": str(sandbox / ".config"), "XDG_DATA_HOME": str(sandbox / ".local" / "share")}
 
 
-def serving_environ(recipe: Recipe, root: Path) -> dict[str, str]:
-    """This process's environment as vLLM will see it: what tools run on vLLM's behalf use."""
-    return {**os.environ, **serve_env(recipe, root)}
+def census(root: Path, sandbox: Path | None) -> tuple[dict, ...]:
+    """Every file no component packs: in the root outside the components' rules, and anywhere in
+    the sandbox. Lock files and temporaries (components.base.ALWAYS_EXCLUDED) and files a
+    component deliberately leaves out are not caches."""
+    out = []
+    for rel, size in _files(root):
+        if rel in (restore.MARKER, restore.PREPARED) or components.of_path(rel) or components.excluded(rel):
+            continue
+        out.append({"path": str(root / rel), "bytes": size, "where": "root"})
+    if sandbox is not None:
+        out += [{"path": str(sandbox / rel), "bytes": size, "where": "home"} for rel, size in _files(sandbox)
+                if not components.junk(rel)]
+    return tuple(out)
 
 
-def prepare_root(root: Path) -> None:
-    """Create every cache directory: a TMPDIR that does not exist is silently replaced by /tmp."""
-    for var, path in components.cache_env(root).items():
-        Path(path).mkdir(parents=True, exist_ok=True)
+def _files(base: Path) -> list[tuple[str, int]]:
+    found = []
+    for dirpath, _, filenames in os.walk(base):
+        for fn in filenames:
+            full = os.path.join(dirpath, fn)
+            try:
+                found.append((os.path.relpath(full, base).replace(os.sep, "/"), os.lstat(full).st_size))
+            except FileNotFoundError:
+                continue
+    return sorted(found)
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineRun:
-    result: dict        # what the child measured (import, engine init, workload)
-    log: dict           # parse_log of its output
-    wall_s: float       # process start to exit
+    result: dict = field(hash=False)   # what the child measured (import, engine init, workload, vLLM's key)
+    log: dict = field(hash=False)      # parse_log of its output
+    wall_s: float                      # process start to exit
     log_path: Path
+    sandbox: Path
+    uncovered: tuple[dict, ...] = ()   # census after the run
+
+    def vllm_key(self, root: Path) -> vllmkey.VllmKey | None:
+        """What vLLM hashed in this run, with the compile-cache folders its key named in root."""
+        vk = self.result.get("vllm_key")
+        if not vk:
+            return None
+        files = [rel for rel, _ in _files(root)]
+        return vllmkey.VllmKey(vk.get("version"), vk.get("env") or {}, vk.get("config_hash"),
+                               vllmkey.cache_dirs(files))
 
 
-def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str) -> EngineRun:
-    """Start vLLM on root in a fresh process, run the workload, and return what was measured."""
-    prepare_root(root)
+def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_env: dict | None = None) -> EngineRun:
+    """Start vLLM on root in a fresh process, run the workload, and return what was measured.
+
+    The child gets its own process group, killed whole when the run ends or this process is
+    stopped (SIGTERM arrives as errors.Terminated, which passes through the finally below)."""
+    restore.prepare(root)
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path, result_path, log_path = (workdir / f"{label}.{ext}" for ext in ("spec.json", "result.json", "log"))
+    sandbox = workdir / f"{label}.home"
+    shutil.rmtree(sandbox, ignore_errors=True)
+    sandbox.mkdir()
     spec = {"model": recipe.model, "engine": dict(recipe.engine), "workload": recipe.workload.spec()}
     if recipe.revision:
         spec["engine"].setdefault("revision", recipe.revision)
     spec_path.write_text(json.dumps(spec, indent=1))
     result_path.unlink(missing_ok=True)
-    env = {**serving_environ(recipe, root), "VLLM_NO_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**serving.environ_for_vllm(recipe, root), **sandbox_env(sandbox), "VLLM_NO_USAGE_STATS": "1",
+           "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     t0 = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "warmer.workload", str(spec_path), str(result_path)],
@@ -119,19 +158,22 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str) -> EngineR
             raise WarmupError(f"{label}: the engine ran past workload.timeout_s={recipe.workload.timeout_s}; "
                               f"log: {log_path}") from None
         finally:
-            # vLLM's spawned workers must not outlive the run.
+            # vLLM's spawned workers must not outlive the run, however it ends.
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            proc.wait()
     wall = time.perf_counter() - t0
     text = log_path.read_text(errors="replace")
     if rc != 0 or not result_path.exists():
         tail = "\n".join(text.splitlines()[-25:])
         raise WarmupError(f"{label}: the engine exited with code {rc}; log: {log_path}\n{tail}")
-    return EngineRun(json.loads(result_path.read_text()), parse_log(text), round(wall, 3), log_path)
+    return EngineRun(json.loads(result_path.read_text()), parse_log(text), round(wall, 3), log_path, sandbox,
+                     census(root, sandbox))
 
 
 def timings(run: EngineRun) -> dict:
     """One flat record of a run's timings, for artifact.json and reports."""
-    return {"process_s": run.wall_s, **run.result, **run.log["timings"]}
+    return {"process_s": run.wall_s, **{k: v for k, v in run.result.items() if not isinstance(v, (dict, list))},
+            **run.log["timings"]}

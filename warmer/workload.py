@@ -8,6 +8,7 @@ env var already pointing under the root: vLLM is imported only here, after that.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -18,7 +19,24 @@ def _vocab_size(llm) -> int:
     return int(llm.llm_engine.model_config.get_vocab_size())
 
 
+def vllm_key(llm, env_at_start: dict) -> dict:
+    """What vLLM hashed into its compile keys in this process: the names of its env factors
+    (vllm/envs.py compile_factors) with their raw values as this process started (before vLLM's
+    own os.environ edits, e.g. the CPU platform's), and VllmConfig.compute_hash()."""
+    import vllm
+    import vllm.envs as envs
+
+    names = sorted(envs.compile_factors())
+    try:
+        config_hash = llm.llm_engine.vllm_config.compute_hash()
+    except Exception:  # an engine without the attribute: the factors still tell most of the story
+        config_hash = None
+    return {"version": getattr(vllm, "__version__", None), "config_hash": config_hash,
+            "env": {name: env_at_start.get(name) for name in names}}
+
+
 def run(spec: dict) -> dict:
+    env_at_start = dict(os.environ)
     t0 = time.perf_counter()
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -44,7 +62,9 @@ def run(spec: dict) -> dict:
                 requests += len(outputs)
                 tokens += sum(len(o.outputs[0].token_ids) for o in outputs)
     t_work = time.perf_counter()
+    key = vllm_key(llm, env_at_start)
     return {
+        "vllm_key": key,
         "import_s": round(t_import - t0, 3),
         "engine_init_s": round(t_init - t_import, 3),
         "workload_s": round(t_work - t_init, 3),

@@ -126,7 +126,7 @@ def served_by_vllms_api_server(root, env_file, tiny_model, tmp_path) -> dict:
             except ProcessLookupError:
                 pass
     return {"log": warmup.parse_log(log_path.read_text(errors="replace")),
-            "files": verify.delta(before, verify.snapshot(root))}
+            "files": verify.delta(before, verify.snapshot(root)).to_json()}
 
 
 @requires_vllm

@@ -11,10 +11,20 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from warmer import catalog
+from tests.fixtures import nodes
+from warmer import catalog, report
+from warmer.archive import FileEntry
+from warmer.artifact import Artifact, RecipeRef
+from warmer.contract import PathContract
+from warmer.entry import BlobRef, IndexEntry
+from warmer.errors import UsageError
 from warmer.store import StoreError, open_store
 
 NOW = datetime.now(timezone.utc).replace(microsecond=0)
+# The node each GPU name stands for (None: a CPU host, vLLM's CPU backend).
+NODES = {"NVIDIA H200": lambda: nodes.gpu_node("h200"),
+         "NVIDIA H100 80GB HBM3": lambda: nodes.gpu_node("h100-sxm"),
+         None: lambda: nodes.cpu_node("intel-sapphire-rapids")}
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -33,18 +43,15 @@ def put_blob(store, tmp_path) -> tuple[str, int]:
     return sha, len(data)
 
 
-def publish(store, tmp_path, recipe: str, gpu: str | None, days_ago: float, blob=None) -> dict:
+def publish(store, tmp_path, recipe: str, gpu: str | None, days_ago: float, blob=None) -> IndexEntry:
     """An index entry as publish writes it, published days_ago, for a node with this GPU."""
     sha, size = blob or put_blob(store, tmp_path)
     key = hashlib.sha256(f"{recipe}{gpu}{days_ago}{sha}".encode()).hexdigest()
-    devices = [{"name": gpu, "compute_capability": "9.0"}] if gpu else []
-    entry = {"schema": 1, "recipe": recipe, "key": key, "blob": {"sha256": sha, "size": size},
-             "artifact": {"schema": 1, "warmer": "0.1.0", "key": key, "recipe": {"name": recipe},
-                          "fingerprint": {"machine": "x86_64", "gpu": {"count": len(devices), "devices": devices}},
-                          "path_contract": {}, "components": {}, "files": [{"path": "vllm/a", "size": 10}],
-                          "timings": {}, "created_at": NOW.isoformat()},
-             "signature": None, "published_at": (NOW - timedelta(days=days_ago)).isoformat()}
-    assert store.put_index(recipe, key, json.dumps(entry).encode())
+    art = Artifact.new(key=key, recipe=RecipeRef(recipe, "0" * 64, {"name": recipe}), fingerprint=NODES[gpu](),
+                       path_contract=PathContract(root="/cache/root", model="/models/tiny", python_prefix="/opt/venv"),
+                       components={}, files=[FileEntry("vllm/a", 10, "0" * 64, 0o644, 0)], timings={})
+    entry = IndexEntry(recipe, key, BlobRef(sha, size), art, None, NOW - timedelta(days=days_ago))
+    assert store.put_index(recipe, key, entry.to_bytes())
     return entry
 
 
@@ -62,39 +69,40 @@ def fleet(store, tmp_path):
 
 
 def test_ls_lists_every_artifact_newest_first(store, fleet):
-    rows = catalog.ls(store)
+    listing = catalog.ls(store)
+    rows = listing.rows
     assert len(rows) == 8
-    assert [(r["recipe"], r["machine"], r["published_at"][:10]) for r in rows][:3] == [
+    assert [(r.recipe, r.machine, r.published_at.isoformat()[:10]) for r in rows][:3] == [
         ("other", "x86_64/cpu", (NOW - timedelta(days=18)).isoformat()[:10]),
         ("other", "x86_64/cpu", (NOW - timedelta(days=19)).isoformat()[:10]),
         ("other", "x86_64/cpu", (NOW - timedelta(days=20)).isoformat()[:10])]
-    assert {r["key"] for r in catalog.ls(store, "tiny")} == {e["key"] for n, e in fleet.items() if "cpu" not in n}
-    text = catalog.render_ls(store, rows)
-    assert fleet["h100-30"]["key"][:16] in text and "x86_64/NVIDIA H100 80GB HBM3" in text
+    assert {r.key for r in catalog.ls(store, "tiny").rows} == {e.key for n, e in fleet.items() if "cpu" not in n}
+    text = report.ls(listing)
+    assert fleet["h100-30"].key[:16] in text and "x86_64/NVIDIA H100 80GB HBM3" in text
 
 
 def test_gc_keeps_the_newest_n_per_recipe_and_machine_kind(store, fleet):
     before = state(store)
     plan = catalog.gc(store, 2, dry_run=True)
     assert state(store) == before  # a dry run deletes nothing
-    doomed = {fleet[n]["key"] for n in ("h200-10", "h200-5", "cpu-20")}
-    assert {e["key"] for e in plan["deleted_entries"]} == doomed
-    assert set(plan["deleted_blobs"]) == {fleet[n]["blob"]["sha256"] for n in ("h200-10", "h200-5", "cpu-20")}
+    doomed = {fleet[n].key for n in ("h200-10", "h200-5", "cpu-20")}
+    assert {e.key for e in plan.deleted_entries} == doomed
+    assert set(plan.deleted_blobs) == {fleet[n].blob.sha256 for n in ("h200-10", "h200-5", "cpu-20")}
 
     done = catalog.gc(store, 2)
-    assert {e["key"] for e in done["deleted_entries"]} == doomed and done["freed_bytes"] == 3 * 2000
+    assert {e.key for e in done.deleted_entries} == doomed and done.freed_bytes == 3 * 2000
     kept = {k for _, k in store.list_index()}
-    assert kept == {e["key"] for e in fleet.values()} - doomed
-    assert fleet["h100-30"]["key"] in kept  # the only H100 artifact survives the H200's newer builds
+    assert kept == {e.key for e in fleet.values()} - doomed
+    assert fleet["h100-30"].key in kept  # the only H100 artifact survives the H200's newer builds
     blobs = {b.sha256 for b in store.list_blobs()}
-    assert blobs == {fleet[n]["blob"]["sha256"] for n in fleet if fleet[n]["key"] in kept}
-    assert catalog.gc(store, 2)["deleted_entries"] == []  # and then there is nothing more to do
+    assert blobs == {fleet[n].blob.sha256 for n in fleet if fleet[n].key in kept}
+    assert catalog.gc(store, 2).deleted_entries == ()  # and then there is nothing more to do
 
 
 def test_gc_older_than_spares_recent_artifacts(store, fleet):
     done = catalog.gc(store, 1, older_than_days=7)
-    assert {e["key"] for e in done["deleted_entries"]} == {fleet[n]["key"] for n in ("h200-10", "cpu-20", "cpu-19")}
-    assert {fleet["h200-5"]["key"], fleet["h200-1"]["key"]} <= {k for _, k in store.list_index()}
+    assert {e.key for e in done.deleted_entries} == {fleet[n].key for n in ("h200-10", "cpu-20", "cpu-19")}
+    assert {fleet["h200-5"].key, fleet["h200-1"].key} <= {k for _, k in store.list_index()}
 
 
 def test_gc_never_deletes_a_blob_an_entry_still_uses(store, tmp_path):
@@ -102,31 +110,31 @@ def test_gc_never_deletes_a_blob_an_entry_still_uses(store, tmp_path):
     old = publish(store, tmp_path, "tiny", "NVIDIA H200", 9, blob=shared)
     new = publish(store, tmp_path, "tiny", "NVIDIA H200", 1, blob=shared)
     done = catalog.gc(store, 1)
-    assert [e["key"] for e in done["deleted_entries"]] == [old["key"]]
-    assert done["deleted_blobs"] == []
+    assert [e.key for e in done.deleted_entries] == [old.key]
+    assert done.deleted_blobs == ()
     assert [b.sha256 for b in store.list_blobs()] == [shared[0]]
-    assert store.get_index("tiny", new["key"]) is not None
+    assert store.get_index("tiny", new.key) is not None
 
 
 def test_a_blob_no_entry_names_is_deleted_only_after_the_grace(store, tmp_path):
     # A publish in flight (blob up, entry not yet) or the loser of a race looks like this.
     orphan, _ = put_blob(store, tmp_path)
     publish(store, tmp_path, "tiny", None, 0)
-    assert catalog.gc(store, 1)["deleted_blobs"] == []
+    assert catalog.gc(store, 1).deleted_blobs == ()
     assert orphan in {b.sha256 for b in store.list_blobs()}
     # From now, not from NOW (taken at collection, maybe minutes before this blob was written).
     later = datetime.now(timezone.utc) + catalog.ORPHAN_GRACE + timedelta(minutes=5)
-    assert catalog.gc(store, 1, now=later)["deleted_blobs"] == [orphan]
+    assert catalog.gc(store, 1, now=later).deleted_blobs == (orphan,)
     assert orphan not in {b.sha256 for b in store.list_blobs()} and len(store.list_blobs()) == 1
 
 
 def test_gc_refuses_what_it_cannot_do_safely(store, tmp_path):
     publish(store, tmp_path, "tiny", None, 3)
-    with pytest.raises(StoreError, match="keep at least 1"):
+    with pytest.raises(UsageError, match="keep at least 1"):
         catalog.gc(store, 0)
     store.put_index("broken", "f" * 64, b"{not json")
     before = state(store)
-    with pytest.raises(StoreError, match="index entry broken/f{64} .* is unreadable"):
+    with pytest.raises(StoreError, match="index entry broken/f{16} .* is unreadable"):
         catalog.gc(store, 1)
     assert state(store) == before  # it cannot know what that entry uses, so it deletes nothing
 
@@ -142,10 +150,10 @@ def test_cli_ls_gc_inspect_on_a_file_store(tmp_path):
 
     assert "3 artifact(s) in " + store.url in warmer("ls", "--store", store.url)
     assert [r["key"] for r in json.loads(warmer("ls", "--store", store.url, "--json"))] == \
-        [e["key"] for e in reversed(entries)]
+        [e.key for e in reversed(entries)]
     dry = json.loads(warmer("gc", "--store", store.url, "--keep", "1", "--dry-run", "--json"))
     assert len(dry["deleted_entries"]) == 2 and len(store.list_index()) == 3
     assert "deleted 2 of 3 index entries and 2 blob(s)" in warmer("gc", "--store", store.url, "--keep", "1")
-    assert store.list_index() == [("tiny", entries[2]["key"])]
-    shown = json.loads(warmer("inspect", f"{store.url}/index/tiny/{entries[2]['key'][:12]}", "--json"))
-    assert shown["blob"]["sha256"] == entries[2]["blob"]["sha256"]
+    assert store.list_index() == [("tiny", entries[2].key)]
+    shown = json.loads(warmer("inspect", f"{store.url}/index/tiny/{entries[2].key[:12]}", "--json"))
+    assert shown["blob"]["sha256"] == entries[2].blob.sha256

@@ -93,7 +93,7 @@ def sourced(env_file: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
 
 
-def publish_for_this_node(s3_url: str, recipe_name: str, tmp_path: Path) -> dict:
+def publish_for_this_node(s3_url: str, recipe_name: str, tmp_path: Path) -> build.PublishResult:
     """The CI build's output for this node's fingerprint: a cache tree packed and published."""
     src = tmp_path / "ci-root"
     make_cache_tree(src)
@@ -106,12 +106,12 @@ def test_init_container_hit_leaves_a_usable_env_file_and_vllm_starts_warm(s3_url
     pod = Pod(tmp_path, s3_url)
     assert pod.argv[:2] == ["warmer", "fetch"] and pod.argv[pod.argv.index("--store") + 1] == s3_url
     published = publish_for_this_node(s3_url, pod.recipe_name, tmp_path)
-    assert published["status"] == "published"
+    assert published.status == "published"
 
     out = pod.run_init()
     assert out.returncode == 0, out.stderr
     assert "warmer fetch: hit" in out.stderr, out.stderr
-    assert restore.active(pod.root)["key"] == published["key"]
+    assert restore.active(pod.root).artifact.key == published.key
 
     env = sourced(pod.env_file)
     recipe = load(MODELS / f"{pod.recipe_name}.toml")

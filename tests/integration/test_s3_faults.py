@@ -7,7 +7,6 @@ it had: no corrupt artifact is ever activated, and nothing is left behind.
 from __future__ import annotations
 
 import hashlib
-import json
 
 import boto3
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from tests.conftest import tiny_recipe
 from tests.integration.conftest import pack_with_big_file
 from warmer import build, fetch, restore
+from warmer.entry import IndexEntry
 from warmer.store import blob_path
 from warmer.store.s3 import S3Store
 
@@ -44,7 +44,7 @@ def published(artifact, s3_url):
 def node_root(tmp_path):
     """A node that already serves an older cache, which a failed fetch must leave alone."""
     root = tmp_path / "node-root"
-    (root / "vllm").mkdir(parents=True)
+    restore.prepare(root)  # warmer's root (an earlier fetch missed), so a fetch may replace it
     (root / "vllm" / "previous.json").write_text("previous cache")
     return root
 
@@ -53,7 +53,8 @@ def assert_unchanged(root):
     assert (root / "vllm" / "previous.json").read_text() == "previous cache"
     assert not (root / restore.MARKER).exists()
     # fetch still prepares the (empty) cache directories for vLLM, but not one file came in
-    assert [p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir()] == ["vllm/previous.json"]
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir()) == \
+        sorted([restore.PREPARED, "vllm/previous.json"])
     assert not [p for p in root.parent.iterdir() if ".staging-" in p.name or p.name.startswith(".warmer-blob")]
 
 
@@ -71,12 +72,13 @@ def test_publish_survives_throttling_500s_and_resets(artifact, s3_url, bucket, p
     ]
     result = build.publish(S3Store(s3_url, endpoint_url=proxy.url, part_size=5 * MiB), artifact["artifact"])
     assert [r.fired for r in rules] == [1] * len(rules)
-    assert result["status"] == "published" and result["blob_uploaded"]
+    assert result.status == "published" and result.blob_uploaded
     s3 = boto3.client("s3")
     blob = s3.get_object(Bucket=bucket, Key="fleet/caches/" + blob_path(artifact["sha256"]))["Body"].read()
     assert hashlib.sha256(blob).hexdigest() == artifact["sha256"]
-    entry = json.loads(S3Store(s3_url).get_index("tiny", artifact["doc"]["key"]))
-    assert entry["blob"]["sha256"] == artifact["sha256"]
+    key = artifact["doc"].key
+    entry = IndexEntry.read(S3Store(s3_url).get_index("tiny", key), "tiny", key)
+    assert entry.blob.sha256 == artifact["sha256"]
 
 
 def test_fetch_survives_throttling_resets_and_cut_bodies(published, s3_url, proxy, node_root):
@@ -91,7 +93,7 @@ def test_fetch_survives_throttling_resets_and_cut_bodies(published, s3_url, prox
     ]
     got = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url, part_size=1 * MiB), node_root)
     assert [r.fired for r in rules] == [1] * len(rules)
-    assert got["status"] == "hit", got["warnings"]
+    assert got.status == "hit", got.warnings
     for rel, content in published["files"].items():
         assert (node_root / rel).read_bytes() == content
     assert not (node_root / "vllm" / "previous.json").exists()  # replaced whole
@@ -101,10 +103,10 @@ def test_a_corrupted_download_is_fetched_again(published, s3_url, proxy, node_ro
     rule = proxy.inject("corrupt", is_blob_get)
     got = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url, part_size=1 * MiB), node_root)
     assert rule.fired == 1
-    assert got["status"] == "hit", got["warnings"]
+    assert got.status == "hit", got.warnings
     parts = -(-published["artifact"].stat().st_size // MiB)
     assert len([r for r in proxy.requests if is_blob_get(r)]) == 2 * parts  # the whole blob, twice
-    assert restore.active(node_root)["archive_sha256"] == published["sha256"]
+    assert restore.active(node_root).archive_sha256 == published["sha256"]
 
 
 @pytest.mark.parametrize("action", ["corrupt", "short"])
@@ -112,9 +114,9 @@ def test_bytes_that_never_match_are_never_activated(published, s3_url, proxy, no
     rule = proxy.inject(action, is_blob_get, times=None)
     got = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url, part_size=1 * MiB), node_root)
     assert rule.fired > 0
-    assert got["status"] == "error"
+    assert got.status == "error"
     assert any("not activated" in w and "unchanged" in w and "hashed to" in w and "each of 3 downloads" in w
-               for w in got["warnings"]), got["warnings"]
+               for w in got.warnings), got.warnings
     assert_unchanged(node_root)
 
 
@@ -123,14 +125,14 @@ def test_a_store_that_keeps_failing_fails_cleanly(published, s3_url, proxy, node
     rule = proxy.inject("500", lambda r: r.method == "HEAD" and r.is_blob, times=None)
     got = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url), node_root)
     assert rule.fired == 3
-    assert got["status"] == "error"
-    assert any("not activated" in w and "500 Internal Server Error after 3 attempts" in w for w in got["warnings"])
+    assert got.status == "error"
+    assert any("not activated" in w and "500 Internal Server Error after 3 attempts" in w for w in got.warnings)
     assert_unchanged(node_root)
 
 
 def test_a_blob_missing_from_the_store_is_reported(published, s3_url, bucket, node_root):
     boto3.client("s3").delete_object(Bucket=bucket, Key="fleet/caches/" + blob_path(published["sha256"]))
     got = fetch.fetch(tiny_recipe(), S3Store(s3_url), node_root)
-    assert got["status"] == "error"
-    assert any("is missing from" in w and "publish the artifact again" in w for w in got["warnings"])
+    assert got.status == "error"
+    assert any("is missing from" in w and "publish the artifact again" in w for w in got.warnings)
     assert_unchanged(node_root)

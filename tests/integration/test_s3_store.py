@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import make_cache_tree, publish_at_once, run_python, run_warmer, tiny_recipe, write_tiny_recipe
 from tests.integration.conftest import SECRET, pack_with_big_file
 from warmer import build, fetch, restore
+from warmer.entry import BlobRef, IndexEntry
 from warmer.store import StoreError, blob_path, index_path, open_store
 from warmer.store.s3 import S3Store
 
@@ -36,35 +37,36 @@ def test_the_loop_through_s3(packed, s3_url, bucket, proxy, tmp_path):
     """pack → publish (multipart, parallel) → fetch (ranged GETs) → restore, then a no-op."""
     up = S3Store(s3_url, endpoint_url=proxy.url, part_size=5 * MiB)
     published = build.publish(up, packed["artifact"])
-    assert published["status"] == "published" and published["blob_uploaded"]
+    assert published.status == "published" and published.blob_uploaded
     parts = [r for r in proxy.requests if r.method == "PUT" and "partNumber=" in r.path]
     assert len(parts) == 3  # 12 MiB and more in 5 MiB parts
     assert all("x-amz-checksum-crc32" in r.headers for r in parts)  # S3 checks every part
     key = "fleet/caches/" + blob_path(packed["sha256"])
     assert hashlib.sha256(_object(bucket, key)).hexdigest() == packed["sha256"]
-    entry = json.loads(_object(bucket, "fleet/caches/" + index_path("tiny", packed["doc"]["key"])))
-    assert entry["blob"] == {"sha256": packed["sha256"], "size": packed["artifact"].stat().st_size}
+    entry = IndexEntry.read(_object(bucket, "fleet/caches/" + index_path("tiny", packed["doc"].key)), "tiny",
+                            packed["doc"].key)
+    assert entry.blob == BlobRef(sha256=packed["sha256"], size=packed["artifact"].stat().st_size)
 
     proxy.clear()
     down = S3Store(s3_url, endpoint_url=proxy.url, part_size=1 * MiB)
     node_root = tmp_path / "node-root"
     got = fetch.fetch(tiny_recipe(), down, node_root)
-    assert got["status"] == "hit", got["warnings"]
+    assert got.status == "hit", got.warnings
     for rel, content in packed["files"].items():
         assert (node_root / rel).read_bytes() == content
     ranged = [r for r in proxy.requests if r.method == "GET" and r.is_blob]
     assert len(ranged) >= 12 and all(r.headers.get("range", "").startswith("bytes=") for r in ranged)
     again = fetch.fetch(tiny_recipe(), down, node_root)
-    assert again["status"] == "already-active"
+    assert again.status == "already-active"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".node-root.staging", ".warmer-blob"))]
 
 
 def test_a_blob_already_there_is_not_uploaded_again(packed, s3_url, proxy):
     store = S3Store(s3_url, endpoint_url=proxy.url, part_size=5 * MiB)
-    assert build.publish(store, packed["artifact"])["status"] == "published"
+    assert build.publish(store, packed["artifact"]).status == "published"
     proxy.clear()
     again = build.publish(store, packed["artifact"])
-    assert again["status"] == "already-published" and not again["blob_uploaded"]
+    assert again.status == "already-published" and not again.blob_uploaded
     blob_writes = [r for r in proxy.requests if r.is_blob and r.method in ("PUT", "POST")]
     assert blob_writes == []
     assert [r.method for r in proxy.requests if r.is_blob] == ["HEAD"]
@@ -80,18 +82,18 @@ def test_eight_concurrent_publishers_of_one_key(tmp_path, s3_url, bucket):
         build.pack_root(root, tiny_recipe(), arts[-1], timings={"build": {"run": i}})
     stores = [open_store(s3_url) for _ in range(8)]  # one client each, as separate builders have
     results = publish_at_once(stores, arts)
-    assert sorted(r["status"] for r in results) == ["already-published"] * 7 + ["published"]
-    winner = next(r for r in results if r["status"] == "published")
-    assert all(r["published_blob"] == winner["blob"] for r in results if r is not winner)
-    assert len({r["key"] for r in results}) == 1
-    assert stores[0].list_index() == [("tiny", winner["key"])]
-    entry = json.loads(stores[0].get_index("tiny", winner["key"]))
-    assert entry["blob"]["sha256"] == winner["blob"]
-    with stores[0].open_blob(winner["blob"], spool_dir=tmp_path) as f:
-        assert hashlib.sha256(f.read()).hexdigest() == winner["blob"]
+    assert sorted(r.status for r in results) == ["already-published"] * 7 + ["published"]
+    winner = next(r for r in results if r.status == "published")
+    assert all(r.published_blob == winner.blob for r in results if r is not winner)
+    assert len({r.key for r in results}) == 1
+    assert stores[0].list_index() == [("tiny", winner.key)]
+    entry = IndexEntry.read(stores[0].get_index("tiny", winner.key), "tiny", winner.key)
+    assert entry.blob.sha256 == winner.blob
+    with stores[0].open_blob(winner.blob, spool_dir=tmp_path) as f:
+        assert hashlib.sha256(f.read()).hexdigest() == winner.blob
     got = fetch.fetch(tiny_recipe(), stores[0], tmp_path / "node-root")
-    assert got["status"] == "hit", got["warnings"]
-    assert restore.active(tmp_path / "node-root")["archive_sha256"] == winner["blob"]
+    assert got.status == "hit", got.warnings
+    assert restore.active(tmp_path / "node-root").archive_sha256 == winner.blob
 
 
 def test_an_exact_fetch_costs_two_requests_plus_the_blobs_gets(packed, tmp_path, s3_url, proxy):
@@ -101,7 +103,7 @@ def test_an_exact_fetch_costs_two_requests_plus_the_blobs_gets(packed, tmp_path,
 
     def fetch_requests(root):
         proxy.clear()
-        assert fetch.fetch(tiny_recipe(), store, root)["status"] == "hit"
+        assert fetch.fetch(tiny_recipe(), store, root).status == "hit"
         return list(proxy.requests)
 
     few = fetch_requests(tmp_path / "r1")
@@ -135,18 +137,18 @@ def test_cli_publish_fetch_ls_inspect_over_s3(packed, tmp_path, s3_url, aws_env)
     ls = run_warmer("ls", "--store", s3_url, "--json")
     assert ls.returncode == 0, ls.stderr
     [row] = json.loads(ls.stdout)
-    assert row["recipe"] == "tiny" and row["key"] == packed["doc"]["key"] and row["blob"] == packed["sha256"]
+    assert row["recipe"] == "tiny" and row["key"] == packed["doc"].key and row["blob"] == packed["sha256"]
     human = run_warmer("ls", "--store", s3_url)
-    assert packed["doc"]["key"][:16] in human.stdout and "1 artifact(s)" in human.stdout
-    inspect = run_warmer("inspect", f"{s3_url}/index/tiny/{packed['doc']['key'][:16]}", "--json")
+    assert packed["doc"].key[:16] in human.stdout and "1 artifact(s)" in human.stdout
+    inspect = run_warmer("inspect", f"{s3_url}/index/tiny/{packed['doc'].key[:16]}", "--json")
     assert inspect.returncode == 0, inspect.stderr
     shown = json.loads(inspect.stdout)
-    assert shown["key"] == packed["doc"]["key"] and shown["blob"]["sha256"] == packed["sha256"]
+    assert shown["key"] == packed["doc"].key and shown["blob"]["sha256"] == packed["sha256"]
     for out in (pub, got, ls, human, inspect):
         assert SECRET not in out.stdout + out.stderr and "AKIDWARMERTEST" not in out.stdout + out.stderr
     with open(packed["artifact"], "rb") as f:
         assert SECRET.encode() not in f.read()
-    assert SECRET.encode() not in S3Store(s3_url).get_index("tiny", packed["doc"]["key"])
+    assert SECRET.encode() not in S3Store(s3_url).get_index("tiny", packed["doc"].key)
 
 
 def test_progress_bars_on_a_terminal_only(packed, s3_url, aws_env):
@@ -171,7 +173,7 @@ def test_progress_bars_on_a_terminal_only(packed, s3_url, aws_env):
 
     out, err = publish_on_a_tty()
     assert "warmer: upload " in err and "100%" in err and "status: published" in out
-    S3Store(s3_url).delete_index("tiny", packed["doc"]["key"])
+    S3Store(s3_url).delete_index("tiny", packed["doc"].key)
     S3Store(s3_url).delete_blob(packed["sha256"])
     out, err = publish_on_a_tty("--json")
     assert "upload" not in err and json.loads(out)["status"] == "published"
@@ -213,7 +215,7 @@ def test_clear_errors_without_tracebacks(tmp_path, aws_env, monkeypatch, packed)
     assert "no usable AWS credentials" in nocreds.stderr and "AWS_PROFILE" in nocreds.stderr
 
     wrong = run_warmer("publish", packed["artifact"], "--store", f"file://{tmp_path}/store", "--endpoint-url", aws_env)
-    assert wrong.returncode == 1 and "applies to s3:// stores" in wrong.stderr
+    assert wrong.returncode == 2 and "applies to s3:// stores" in wrong.stderr  # a usage error
 
 
 def test_an_unreachable_store_is_a_slow_start_not_a_failed_pod(tmp_path, aws_env, monkeypatch):

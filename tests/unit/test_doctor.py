@@ -1,6 +1,5 @@
 """`warmer doctor` against recorded mountinfo samples: overlay root, hostPath, emptyDir, tmpfs."""
 
-import copy
 import json
 import os
 import subprocess
@@ -10,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, make_cache_tree, tiny_recipe
-from warmer import build, components, doctor, restore, warmup
+from tests.fixtures import nodes
+from warmer import build, components, doctor, mounts, restore, serving
+from warmer.envfile import EnvFile
 
 SAMPLES = REPO / "tests" / "fixtures" / "mountinfo"
 POD_ENV = {"HOME": "/root", "PATH": "/usr/local/bin:/usr/bin:/bin", "HOSTNAME": "vllm-llama-3-1-8b-7d9f8c6b5-x2x7q"}
@@ -25,12 +26,12 @@ def cache_env_under(root: str) -> dict:
     return {**POD_ENV, **components.cache_env(Path(root))}
 
 
-def by(result: dict, **match) -> list[dict]:
-    return [f for f in result["findings"] if all(f[k] == v for k, v in match.items())]
+def by(result: doctor.Diagnosis, **match) -> list[doctor.Finding]:
+    return [f for f in result.findings if all(getattr(f, k) == v for k, v in match.items())]
 
 
-def location(result: dict, var: str) -> dict:
-    return next(r for r in result["locations"] if r["var"] == var)
+def location(result: doctor.Diagnosis, var: str) -> dict:
+    return next(r for r in result.locations if r["var"] == var)
 
 
 # --- mountinfo parsing -----------------------------------------------------------------------
@@ -39,32 +40,32 @@ def test_parse_finds_fstype_after_the_separator_whatever_the_optional_fields():
     text = ("36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n"
             "37 35 98:0 / /a rw shared:2 master:3 propagate_from:4 - xfs /dev/sdb rw\n"
             "38 35 0:40 / /b rw - tmpfs tmpfs rw\n")
-    mounts = doctor.parse_mountinfo(text)
-    assert [(m.mount_point, m.root, m.fstype, m.source) for m in mounts] == [
+    found = mounts.parse_mountinfo(text)
+    assert [(m.mount_point, m.root, m.fstype, m.source) for m in found] == [
         ("/mnt2", "/mnt1", "ext3", "/dev/root"), ("/a", "/", "xfs", "/dev/sdb"), ("/b", "/", "tmpfs", "tmpfs")]
 
 
 def test_parse_decodes_octal_escapes_in_paths():
     text = r"40 1 259:2 /srv/fast\040disk/c\134d /mnt/my\040cache rw,relatime - ext4 /dev/nvme1n1 rw" + "\n"
-    (m,) = doctor.parse_mountinfo(text)
+    (m,) = mounts.parse_mountinfo(text)
     assert m.mount_point == "/mnt/my cache" and m.root == "/srv/fast disk/c\\d"
-    assert doctor.mount_of("/mnt/my cache/vllm", [m]) is m
-    assert doctor.mount_of("/mnt/my cachex", [m]) is None
+    assert mounts.mount_of("/mnt/my cache/vllm", [m]) is m
+    assert mounts.mount_of("/mnt/my cachex", [m]) is None
 
 
 def test_read_only_from_mount_or_superblock_options_but_not_remount_ro():
-    mounts = doctor.parse_mountinfo(
+    found = mounts.parse_mountinfo(
         "1 0 8:1 / /a ro,relatime - ext4 /dev/sda1 rw\n"
         "2 0 8:2 / /b rw,relatime - ext4 /dev/sda2 ro\n"
         "3 0 8:3 / /c rw,relatime - ext4 /dev/sda3 rw,errors=remount-ro\n")
-    assert [m.read_only for m in mounts] == [True, True, False]
+    assert [m.read_only for m in found] == [True, True, False]
 
 
 def test_longest_mount_point_wins_and_a_later_mount_hides_an_earlier_one():
-    mounts = doctor.parse_mountinfo(sample("hostpath") + "1600 1538 0:500 / /cache rw - tmpfs tmpfs rw\n")
-    assert doctor.mount_of("/cache/x/vllm", mounts).fstype == "tmpfs"  # stacked on top
-    assert doctor.mount_of("/cachex", mounts).mount_point == "/"
-    assert doctor.mount_of("/models/llama", mounts).fstype == "xfs"
+    found = mounts.parse_mountinfo(sample("hostpath") + "1600 1538 0:500 / /cache rw - tmpfs tmpfs rw\n")
+    assert mounts.mount_of("/cache/x/vllm", found).fstype == "tmpfs"  # stacked on top
+    assert mounts.mount_of("/cachex", found).mount_point == "/"
+    assert mounts.mount_of("/models/llama", found).fstype == "xfs"
 
 
 # --- the four samples ------------------------------------------------------------------------
@@ -74,30 +75,30 @@ def test_overlay_root_defaults_are_wiped_with_every_pod():
     vllm = location(result, "VLLM_CACHE_ROOT")
     assert vllm["path"] == "/root/.cache/vllm" and vllm["default"] and vllm["kind"] == "container-root"
     errors = by(result, severity="error", check="cache-location")
-    assert {f["subject"] for f in errors} == set(doctor.PRIMARY)
-    assert all("into a volume" in f["fix"] and "warmer fetch" in f["fix"] for f in errors)
-    assert not result["ok"]
+    assert {f.subject for f in errors} == set(doctor.PRIMARY)
+    assert all("into a volume" in f.fix and "warmer fetch" in f.fix for f in errors)
+    assert not result.ok
     # The secondary caches are warnings: seconds, not the compile itself.
     assert by(result, severity="warning", subject="CUDA_CACHE_PATH")
 
 
 def test_hostpath_volume_holding_every_cache_is_clean():
     result = doctor.diagnose(cache_env_under(ROOT), sample("hostpath"))
-    assert {r["kind"] for r in result["locations"]} == {"disk"}
-    assert {r["mount_point"] for r in result["locations"]} == {"/cache"}
-    assert result["ok"] and result["counts"]["warning"] == 0
+    assert {r["kind"] for r in result.locations} == {"disk"}
+    assert {r["mount_point"] for r in result.locations} == {"/cache"}
+    assert result.ok and result.counts["warning"] == 0
 
 
 def test_emptydir_warns_when_nothing_fills_it_and_notes_it_when_an_artifact_is_active(tmp_path):
     result = doctor.diagnose(cache_env_under(ROOT), sample("emptydir"))
     assert location(result, "VLLM_CACHE_ROOT")["kind"] == "emptydir"
     warnings = by(result, severity="warning", check="cache-location")
-    assert warnings and all("not a new pod" in f["what"] and "init container" in f["fix"] for f in warnings)
-    assert result["ok"]  # survives restarts: not an error
+    assert warnings and all("not a new pod" in f.what and "init container" in f.fix for f in warnings)
+    assert result.ok  # survives restarts: not an error
 
     root = _active_root(tmp_path)
-    mounts = sample("emptydir").replace(" /cache ", f" {tmp_path} ")
-    result = doctor.diagnose({**POD_ENV, **warmup.serve_env(tiny_recipe(), root)}, mounts, root=root)
+    mountinfo = sample("emptydir").replace(" /cache ", f" {tmp_path} ")
+    result = doctor.diagnose({**POD_ENV, **serving.vllm_env(tiny_recipe(), root).vars}, mountinfo, root=root)
     assert location(result, "VLLM_CACHE_ROOT")["in_active_root"]
     assert not by(result, severity="warning", check="cache-location")
     assert by(result, severity="info", check="cache-location", subject="VLLM_CACHE_ROOT")
@@ -107,7 +108,7 @@ def test_tmpfs_counts_against_memory():
     result = doctor.diagnose(cache_env_under(ROOT), sample("tmpfs"))
     assert location(result, "TRITON_CACHE_DIR")["kind"] == "tmpfs"
     found = by(result, check="cache-location", subject="VLLM_CACHE_ROOT")
-    assert len(found) == 1 and found[0]["severity"] == "warning" and "memory" in found[0]["what"]
+    assert len(found) == 1 and found[0].severity == "warning" and "memory" in found[0].what
 
 
 def test_env_file_vars_override_defaults_per_cache():
@@ -115,7 +116,7 @@ def test_env_file_vars_override_defaults_per_cache():
     env = {**POD_ENV, "VLLM_CACHE_ROOT": "/cache/m/vllm"}
     result = doctor.diagnose(env, sample("hostpath"))
     assert location(result, "VLLM_CACHE_ROOT")["kind"] == "disk"
-    assert {f["subject"] for f in by(result, severity="error")} == set(doctor.PRIMARY) - {"VLLM_CACHE_ROOT"}
+    assert {f.subject for f in by(result, severity="error")} == set(doctor.PRIMARY) - {"VLLM_CACHE_ROOT"}
 
 
 def test_inductor_default_follows_tmpdir_and_user():
@@ -130,7 +131,7 @@ def test_network_filesystem_is_a_warning():
     result = doctor.diagnose(cache_env_under(ROOT), text)
     assert location(result, "VLLM_CACHE_ROOT")["kind"] == "network"
     assert by(result, severity="warning", subject="FLASHINFER_WORKSPACE_BASE")
-    assert result["ok"]
+    assert result.ok
 
 
 # --- FlashInfer's writable directories ---------------------------------------------------------
@@ -139,22 +140,22 @@ def test_read_only_flashinfer_workspace_is_an_error():
     text = sample("hostpath").replace("/var/cache/warmer /cache rw,relatime", "/var/cache/warmer /cache ro,relatime")
     result = doctor.diagnose(cache_env_under(ROOT), text)
     fi = by(result, check="flashinfer-writable", subject="FLASHINFER_WORKSPACE_BASE")
-    assert fi and fi[0]["severity"] == "error" and "import fails" in fi[0]["what"]
-    assert not result["ok"]
+    assert fi and fi[0].severity == "error" and "import fails" in fi[0].what
+    assert not result.ok
 
 
 def test_flashinfer_dirs_outside_the_root_are_checked_with_this_machines_permissions():
     env = {**cache_env_under(ROOT), "FLASHINFER_CUBIN_DIR": "/opt/cubins"}
     result = doctor.diagnose(env, sample("hostpath"), can_write=lambda p: not p.startswith("/opt"))
     cubin = by(result, check="flashinfer-writable", subject="FLASHINFER_CUBIN_DIR")
-    assert cubin and cubin[0]["severity"] == "warning" and "downloaded" in cubin[0]["what"]
+    assert cubin and cubin[0].severity == "warning" and "downloaded" in cubin[0].what
     assert not by(result, check="flashinfer-writable", subject="FLASHINFER_WORKSPACE_BASE")
 
 
 def test_flashinfer_workspace_is_only_a_warning_where_flashinfer_is_not_installed():
     text = sample("hostpath").replace("/var/cache/warmer /cache rw,relatime", "/var/cache/warmer /cache ro,relatime")
     result = doctor.diagnose(cache_env_under(ROOT), text, flashinfer_installed=False)
-    assert by(result, check="flashinfer-writable", subject="FLASHINFER_WORKSPACE_BASE")[0]["severity"] == "warning"
+    assert by(result, check="flashinfer-writable", subject="FLASHINFER_WORKSPACE_BASE")[0].severity == "warning"
 
 
 # --- env values that change vLLM's compile key per pod ---------------------------------------------
@@ -164,26 +165,26 @@ def test_pod_ip_in_a_hashed_var_is_an_error_and_ignored_vars_are_fine():
            "VLLM_PORT": "8000", "VLLM_DP_MASTER_IP": "10.42.0.5"}
     result = doctor.diagnose(env, sample("hostpath"))
     per_pod = by(result, check="per-pod-env")
-    assert [(f["severity"], f["subject"]) for f in per_pod] == [("error", "VLLM_P2P_SIDE_CHANNEL_HOST")]
-    assert "never hits the cache" in per_pod[0]["what"] and "unset" in per_pod[0]["fix"]
-    assert not result["ok"]
+    assert [(f.severity, f.subject) for f in per_pod] == [("error", "VLLM_P2P_SIDE_CHANNEL_HOST")]
+    assert "never hits the cache" in per_pod[0].what and "unset" in per_pod[0].fix
+    assert not result.ok
 
 
 def test_hostname_in_an_unknown_vllm_var_and_the_historical_nixl_host_are_warnings():
     env = {**cache_env_under(ROOT), "VLLM_MY_PLUGIN_ID": POD_ENV["HOSTNAME"],
            "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.42.3.17", "NOT_VLLM": "10.42.3.17"}
     result = doctor.diagnose(env, sample("hostpath"))
-    found = {f["subject"]: f for f in by(result, check="per-pod-env")}
+    found = {f.subject: f for f in by(result, check="per-pod-env")}
     assert set(found) == {"VLLM_MY_PLUGIN_ID", "VLLM_NIXL_SIDE_CHANNEL_HOST"}
-    assert all(f["severity"] == "warning" for f in found.values())
-    assert "hostname" in found["VLLM_MY_PLUGIN_ID"]["what"]
-    assert result["ok"]
+    assert all(f.severity == "warning" for f in found.values())
+    assert "hostname" in found["VLLM_MY_PLUGIN_ID"].what
+    assert result.ok
 
 
 def test_bundle_indices_fragment_the_cache_even_with_a_stable_value():
     result = doctor.diagnose({**cache_env_under(ROOT), "VLLM_RAY_BUNDLE_INDICES": "0,1"}, sample("hostpath"))
     (f,) = by(result, check="per-pod-env")
-    assert f["severity"] == "warning" and "bundle" in f["what"]
+    assert f.severity == "warning" and "bundle" in f.what
 
 
 # --- the active artifact ---------------------------------------------------------------------
@@ -200,45 +201,44 @@ def _active_root(tmp_path: Path, recipe=None) -> Path:
 
 def test_active_artifact_in_use_and_fitting_is_clean(tmp_path):
     root = _active_root(tmp_path)
-    doc = restore.active(root)["artifact"]
-    env = {**POD_ENV, **warmup.serve_env(tiny_recipe(), root)}
+    art = restore.active(root).artifact
+    env = {**POD_ENV, **serving.vllm_env(tiny_recipe(), root).vars}
     result = doctor.diagnose(env, sample("hostpath").replace(" /cache ", f" {tmp_path} "), root=root,
-                             node=lambda: copy.deepcopy(doc["fingerprint"]))
-    assert result["root"] == str(root)
-    assert not [f for f in result["findings"] if f["check"] in ("artifact", "fit") and f["severity"] != "info"]
+                             node=lambda: art.fingerprint)
+    assert result.root == str(root)
+    assert not [f for f in result.findings if f.check in ("artifact", "fit") and f.severity != "info"]
     # The root is found from VLLM_CACHE_ROOT when not given.
     again = doctor.diagnose(env, sample("hostpath"))
-    assert again["root"] == str(root)
+    assert again.root == str(root)
 
 
 def test_env_that_misses_the_root_or_the_recipe_env_is_an_error(tmp_path):
     root = _active_root(tmp_path)
-    env = {**POD_ENV, **warmup.serve_env(tiny_recipe(), root)}
+    env = {**POD_ENV, **serving.vllm_env(tiny_recipe(), root).vars}
     del env["VLLM_USE_AOT_COMPILE"]
     env["TRITON_CACHE_DIR"] = "/root/.triton/cache"
     result = doctor.diagnose(env, sample("hostpath"), root=root)
-    errors = {f["subject"]: f for f in by(result, severity="error", check="artifact")}
+    errors = {f.subject: f for f in by(result, severity="error", check="artifact")}
     assert set(errors) == {"VLLM_USE_AOT_COMPILE", "TRITON_CACHE_DIR"}
-    assert "env file" in errors["TRITON_CACHE_DIR"]["fix"]
+    assert "env file" in errors["TRITON_CACHE_DIR"].fix
 
 
 def test_artifact_that_does_not_fit_this_node_is_an_error(tmp_path):
     root = _active_root(tmp_path)
-    doc = restore.active(root)["artifact"]
-    other = copy.deepcopy(doc["fingerprint"])
-    other["machine"] = "aarch64" if other["machine"] != "aarch64" else "x86_64"
-    env = {**POD_ENV, **warmup.serve_env(tiny_recipe(), root)}
+    built = restore.active(root).artifact.fingerprint
+    other = nodes.edit(built, machine="aarch64" if built.machine != "aarch64" else "x86_64")
+    env = {**POD_ENV, **serving.vllm_env(tiny_recipe(), root).vars}
     result = doctor.diagnose(env, sample("hostpath"), root=root, node=lambda: other)
     (fit,) = by(result, check="fit")
-    assert fit["severity"] == "error" and "machine" in fit["what"] and "warmer fetch" in fit["fix"]
+    assert fit.severity == "error" and "machine" in fit.what and "warmer fetch" in fit.fix
 
 
 def test_path_contract_against_the_served_recipe(tmp_path):
     root = _active_root(tmp_path)
-    env = {**POD_ENV, **warmup.serve_env(tiny_recipe(), root)}
+    env = {**POD_ENV, **serving.vllm_env(tiny_recipe(), root).vars}
     result = doctor.diagnose(env, sample("hostpath"), root=root, recipe=tiny_recipe("/models/elsewhere"))
     contract = by(result, check="path-contract")
-    assert contract and "/models/elsewhere" in contract[0]["what"] and "/models/tiny" in contract[0]["fix"]
+    assert contract and "/models/elsewhere" in contract[0].what and "/models/tiny" in contract[0].fix
     # Without a recipe: the built model path must exist here.
     result = doctor.diagnose(env, sample("hostpath"), root=root, exists=lambda p: False)
     assert by(result, check="path-contract", subject="/models/tiny")
@@ -247,14 +247,14 @@ def test_path_contract_against_the_served_recipe(tmp_path):
 def test_root_without_an_artifact_says_where_to_look(tmp_path):
     result = doctor.diagnose(cache_env_under(str(tmp_path)), sample("hostpath"), root=tmp_path)
     (f,) = by(result, check="artifact")
-    assert f["severity"] == "warning" and "kubectl logs" in f["fix"] and "warmer-fetch" in f["fix"]
+    assert f.severity == "warning" and "kubectl logs" in f.fix and "warmer-fetch" in f.fix
 
 
 # --- the command line ----------------------------------------------------------------------
 
 def _doctor_cli(tmp_path, mountinfo: str, env_file_env: dict, *extra) -> subprocess.CompletedProcess:
     env_file = tmp_path / "vllm.env"
-    env_file.write_text(restore.render_env(env_file_env, "dotenv"))
+    env_file.write_text(EnvFile.of(env_file_env).render("dotenv"))
     proc_env = {**POD_ENV, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "warmer", "doctor", "--mountinfo", str(SAMPLES / f"{mountinfo}.txt"),
                            "--env-file", str(env_file), *extra], capture_output=True, text=True, env=proc_env,
@@ -292,4 +292,4 @@ def test_cli_reads_the_env_of_a_process(tmp_path):
 
 @pytest.mark.parametrize("text", ["", "garbage line\n", "1 2 3\n"])
 def test_unparseable_lines_are_skipped(text):
-    assert doctor.parse_mountinfo(text) == []
+    assert mounts.parse_mountinfo(text) == []

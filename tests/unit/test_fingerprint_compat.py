@@ -3,7 +3,6 @@
 The GPU and CPU matrix of other machines is in test_fixture_matrix.py.
 """
 
-import copy
 import json
 import sys
 
@@ -11,13 +10,13 @@ import pytest
 
 from tests.conftest import make_cache_tree, run_python, run_warmer, tiny_recipe, write_tiny_recipe
 from tests.fixtures import nodes
-from warmer import build, compat, explain, fetch, fingerprint
+from warmer import build, compat, explain, fetch, fingerprint, restore
 from warmer.store import open_store
 
 
 
 def test_probe_describes_this_machine():
-    fp = fingerprint.probe(root="/srv/warm", model="/models/tiny")
+    fp = fingerprint.probe(root="/srv/warm", model="/models/tiny").to_json()
     assert fp["machine"] and fp["os"] == "Linux" and fp["python"].count(".") == 2
     assert fp["glibc"] and fp["glibc"][0].isdigit()
     assert fp["cpu"]["threads"] >= 1 and fp["cpu"]["logical"] >= fp["cpu"]["threads"] and fp["cpu"]["isa"]
@@ -25,7 +24,7 @@ def test_probe_describes_this_machine():
     assert (fp["paths"]["cache_root"], fp["paths"]["model"]) == ("/srv/warm", "/models/tiny")
     assert fp["packages"]["torch"].endswith("+cpu") and fp["torch_cuda"] is None  # the CPU test environment
     assert fp["gpu"]["count"] == 0 and fp["gpu"]["notes"]  # says why no GPU was found
-    assert not compat.problems(fp)
+    assert not compat.unfit_reasons(fingerprint.Fingerprint.from_json(fp))
     json.dumps(fp)
 
 
@@ -49,31 +48,29 @@ def test_torch_cuda_is_read_from_torch_version_py(tmp_path, monkeypatch):
 def test_key_is_stable_and_follows_hard_fields():
     r = tiny_recipe().identity()
     h200 = nodes.gpu_node("h200")
-    assert compat.key(h200, r) == compat.key(copy.deepcopy(h200), r)
+    assert compat.key(h200, r) == compat.key(fingerprint.Fingerprint.from_json(h200.to_json()), r)
     assert compat.key(nodes.gpu_node("h100-sxm"), r) != compat.key(h200, r)
     assert compat.key(h200, tiny_recipe(max_num_seqs=2).identity()) != compat.key(h200, r)
     for field, value in (("python", "3.12.12"), ("torch_cuda", "12.8")):
-        assert compat.key({**h200, field: value}, r) != compat.key(h200, r), field
-    other_torch = copy.deepcopy(h200)
-    other_torch["packages"]["torch"] = "2.10.1+cu129"
+        assert compat.key(nodes.edit(h200, **{field: value}), r) != compat.key(h200, r), field
+    other_torch = nodes.edit(h200, **{"packages.torch": "2.10.1+cu129"})
     assert compat.key(other_torch, r) != compat.key(h200, r)
     # Recorded, never decisive: the paths of this run and the GPU's memory.
-    moved = copy.deepcopy(h200)
-    moved["paths"]["cache_root"], moved["gpu"]["memory_mib"] = "/elsewhere", 1
-    assert compat.key(moved, r) == compat.key(h200, r) and compat.fits(compat.check(h200, moved))
+    moved = nodes.edit(h200, **{"paths.cache_root": "/elsewhere", "gpu.memory_mib": 1})
+    assert compat.key(moved, r) == compat.key(h200, r) and compat.fits(compat.decisions(h200, moved))
 
 
 def test_every_rule_says_why():
     node = nodes.gpu_node("h200")
-    decisions = compat.check(node, node)
+    decisions = compat.decisions(node, node)
     assert compat.fits(decisions)
     assert all(d.why for d in decisions)
-    kinds = {d.field: d.rule for d in decisions}
+    kinds = {d.field: d.kind for d in decisions}
     assert kinds["gpu.name"] == compat.HARD and kinds["cpu.threads"] == compat.ADVISORY  # a GPU node
     assert kinds["gpu.driver"] == compat.RANGED and kinds["cpu.model"] == compat.ADVISORY
     assert kinds["packages.flashinfer-python"] == kinds["nvcc"] == compat.HARD  # FlashInfer JIT-builds on GPUs
     cpu = nodes.cpu_node("amd-genoa")
-    assert {d.field: d.rule for d in compat.check(cpu, cpu)}["nvcc"] == compat.ADVISORY
+    assert {d.field: d.kind for d in compat.decisions(cpu, cpu)}["nvcc"] == compat.ADVISORY
 
 
 def test_volatile_recipe_env_stays_out_of_the_key_and_warns():
@@ -101,14 +98,13 @@ def store_of_four(tmp_path):
     make_cache_tree(root)
     store = open_store(f"file://{tmp_path / 'store'}")
     here = fingerprint.probe(root=root, model="/models/tiny")
-    avx2 = copy.deepcopy(here)
-    avx2["cpu"]["isa"] = nodes.cpu_section("intel-broadwell")["isa"]
+    avx2 = nodes.edit(here, **{"cpu.isa": nodes.cpu_section("intel-broadwell")["isa"]})
     h200 = nodes.gpu_node("h200")
     built = {}
     for name, fp, recipe in (("here", here, tiny_recipe()), ("avx2", avx2, tiny_recipe()),
                              ("h200", h200, tiny_recipe()), ("older", here, tiny_recipe(max_num_seqs=2))):
         art = tmp_path / f"{name}.tar.zst"
-        built[name] = build.pack_root(root, recipe, art, fp=fp)["key"]
+        built[name] = build.pack_root(root, recipe, art, fp=fp).key
         build.publish(store, art)
     return store, built
 
@@ -116,7 +112,7 @@ def store_of_four(tmp_path):
 def test_explain_ranks_every_artifact_and_gives_a_reason_per_rejected_field(store_of_four):
     store, built = store_of_four
     node = fingerprint.probe(model="/models/tiny")
-    result = explain.explain(store, tiny_recipe(), node)
+    result = explain.explain(store, tiny_recipe(), node).to_json()
     keys = [c["key"] for c in result["candidates"]]
     assert (result["accepted"], result["rejected"]) == (1, 3)
     assert keys[0] == built["here"] == result["node_key"] and result["candidates"][0]["exact"]
@@ -130,7 +126,8 @@ def test_explain_ranks_every_artifact_and_gives_a_reason_per_rejected_field(stor
     assert by_key[built["older"]]["failed"]["hard"] == ["recipe.engine.max_num_seqs"]
     assert {"gpu.name", "gpu.compute_capability", "machine"} & set(by_key[built["h200"]]["failed"]["hard"])
     isa = next(d for d in by_key[built["avx2"]]["decisions"] if d["field"] == "cpu.isa")
-    assert isa["reason"].startswith("only on this node: ") and "avx512f" in isa["reason"]
+    only_here = sorted(set(fingerprint.probe().cpu.isa) - set(nodes.cpu_section("intel-broadwell")["isa"]))
+    assert isa["reason"] == "only on this node: " + ", ".join(only_here)
 
 
 def test_cli_explain_in_words_and_json(store_of_four, tmp_path):
@@ -148,23 +145,22 @@ def test_cli_explain_in_words_and_json(store_of_four, tmp_path):
 
 def test_fetch_miss_names_the_nearest_artifacts_differences(store_of_four, tmp_path, monkeypatch):
     store, built = store_of_four
-    milan = fingerprint.probe()
-    milan["cpu"]["isa"] = nodes.cpu_section("amd-milan")["isa"]  # AVX2, like neither artifact
-    monkeypatch.setattr(fingerprint, "probe", lambda **kw: copy.deepcopy(milan))
-    got = fetch.fetch(tiny_recipe(), store.url, tmp_path / "node")
+    milan = nodes.edit(fingerprint.probe(), **{"cpu.isa": nodes.cpu_section("amd-milan")["isa"]})  # AVX2
+    monkeypatch.setattr(fingerprint, "probe", lambda **kw: milan)
+    got = fetch.fetch(tiny_recipe(), store.url, tmp_path / "node").to_json()
     assert got["status"] == "miss" and got["nearest"]["key"] in (built["here"], built["avx2"])
     [difference] = got["nearest"]["differences"]
     assert difference.startswith("cpu.isa: ") and "on this node: " in difference
-    assert not [p for p in (tmp_path / "node").rglob("*") if p.is_file()]  # nothing restored
+    assert [p.name for p in (tmp_path / "node").rglob("*") if p.is_file()] == [restore.PREPARED]  # nothing restored
 
 
 def test_fetch_on_a_node_with_mixed_gpus_looks_nothing_up(store_of_four, tmp_path, monkeypatch):
     store, _ = store_of_four
     fx = nodes.gpu_fixture("mixed-h100-l40s")
-    mixed = {**nodes.gpu_node("h100-pcie"),
-             "gpu": fingerprint.gpu_section(fingerprint.read_nvml(nodes.FakeNVML(fx["nvml"])), "12.9", None, [])}
+    mixed = nodes.gpu_node("h100-pcie").with_gpus(
+        fingerprint.gpu_section(fingerprint.read_nvml(nodes.FakeNVML(fx["nvml"])), "12.9", None, []))
     monkeypatch.setattr(fingerprint, "probe", lambda **kw: mixed)
-    got = fetch.fetch(tiny_recipe(), store.url, tmp_path / "node")
+    got = fetch.fetch(tiny_recipe(), store.url, tmp_path / "node").to_json()
     assert got["status"] == "miss" and "nearest" not in got
     assert any("GPUs differ from each other" in w for w in got["warnings"])
     with pytest.raises(build.BuildError, match="GPUs differ"):
@@ -177,20 +173,20 @@ def test_an_image_build_without_the_gpu_fetches_for_a_saved_fingerprints_gpus(tm
     root = tmp_path / "build-root"
     files = make_cache_tree(root)
     h200_node = nodes.gpu_node("h200")
-    built = {**fingerprint.probe(root=root, model="/models/tiny"), "gpu": h200_node["gpu"]}
+    built = fingerprint.probe(root=root, model="/models/tiny").with_gpus(h200_node.gpu)
     art = tmp_path / "h200.tar.zst"
     build.pack_root(root, tiny_recipe(), art, fp=built)
     store = open_store(f"file://{tmp_path / 'store'}")
     build.publish(store, art)
 
-    assert fetch.fetch(tiny_recipe(), store, tmp_path / "plain")["status"] == "miss"  # no GPU here
+    assert fetch.fetch(tiny_recipe(), store, tmp_path / "plain").status == "miss"  # no GPU here
     saved = tmp_path / "h200-node.json"
-    saved.write_text(json.dumps(h200_node))  # what `warmer fingerprint --json` printed on the node
+    saved.write_text(json.dumps(h200_node.to_json()))  # what `warmer fingerprint --json` printed on the node
     recipe = write_tiny_recipe(tmp_path / "tiny.toml")
     out = run_warmer("fetch", recipe, "--store", store.url, "--root", tmp_path / "image-root", "--require",
                      "--gpus-from", saved)
     assert out.returncode == 0, out.stderr
-    assert f"for GPUs: {h200_node['gpu']['count']} x NVIDIA H200 (sm 9.0" in out.stderr
+    assert f"for GPUs: {h200_node.gpu.count} x NVIDIA H200 (sm 9.0" in out.stderr
     rel = next(r for r in files if r.endswith(".so"))
     assert (tmp_path / "image-root" / rel).read_bytes() == files[rel]
 
@@ -201,5 +197,5 @@ def test_an_image_build_without_the_gpu_fetches_for_a_saved_fingerprints_gpus(tm
     for bad, says in ((here, "describes no GPU"), (tmp_path / "junk.json", "is not a fingerprint"),
                       (tmp_path / "absent.json", "cannot read the fingerprint file")):
         out = run_warmer("fetch", recipe, "--store", store.url, "--root", tmp_path / "r2", "--gpus-from", bad)
-        assert out.returncode == 1 and says in out.stderr and "warmer fingerprint --json >" in out.stderr
+        assert out.returncode == 2 and says in out.stderr and "warmer fingerprint --json >" in out.stderr  # usage
         assert "Traceback" not in out.stderr

@@ -6,7 +6,6 @@ in its real formats goes through the real parser. Both must describe each SKU th
 SKU names and numbers come from, and which are uncertain: tests/fixtures/README.md.
 """
 
-import copy
 import itertools
 import os
 import sys
@@ -33,8 +32,8 @@ EXPECTED = {
 }
 
 
-def failed(built: dict, node: dict, recipe: dict = RECIPE) -> dict[str, str]:
-    return {d.field: d.reason for d in compat.check(built, node, recipe) if not d.ok}
+def failed(built, node, recipe: dict = RECIPE) -> dict[str, str]:
+    return {d.field: d.reason for d in compat.decisions(built, node, recipe) if not d.ok}
 
 
 def test_every_sku_has_fixtures():
@@ -43,7 +42,7 @@ def test_every_sku_has_fixtures():
 
 @pytest.mark.parametrize("sku", sorted(EXPECTED))
 def test_nvml_and_nvidia_smi_describe_each_sku_alike(sku):
-    by_nvml, by_smi = nodes.gpu_node(sku)["gpu"], nodes.gpu_node(sku, via="nvidia-smi")["gpu"]
+    by_nvml, by_smi = nodes.gpu_node(sku).gpu.to_json(), nodes.gpu_node(sku, via="nvidia-smi").gpu.to_json()
     assert (by_nvml["name"], by_nvml["compute_capability"], by_nvml["arch"]) == EXPECTED[sku]
     assert by_nvml["count"] == len(nodes.gpu_fixture(sku)["nvml"]["devices"]) and not by_nvml["mixed"]
     assert by_nvml["driver"] == nodes.gpu_fixture(sku)["nvml"]["nvmlSystemGetDriverVersion"]
@@ -76,10 +75,10 @@ def test_different_gpu_types_never_share(a, b):
 @pytest.mark.parametrize("sku", sorted(EXPECTED))
 def test_same_gpu_with_a_newer_driver_shares(sku):
     built = nodes.gpu_node(sku)
-    node = copy.deepcopy(built)
-    major = int(built["gpu"]["driver"].split(".")[0])
-    node["gpu"]["driver"], node["gpu"]["cuda_driver"] = f"{major + 10}.20.01", "13.9"
-    node["cpu"] = nodes.cpu_section("amd-genoa") if built["machine"] == "x86_64" else node["cpu"]  # another host CPU
+    major = int(built.gpu.driver.split(".")[0])
+    node = nodes.edit(built, **{"gpu.driver": f"{major + 10}.20.01", "gpu.cuda_driver": "13.9"})
+    if built.machine == "x86_64":  # another host CPU
+        node = nodes.edit(node, cpu=nodes.cpu_section("amd-genoa"))
     assert compat.key(node, RECIPE) == compat.key(built, RECIPE)
     assert failed(built, node) == {}
     # The other way round, the node's driver is older than the build's: same key, refused.
@@ -89,8 +88,7 @@ def test_same_gpu_with_a_newer_driver_shares(sku):
 
 def test_fewer_gpus_share_unless_the_recipe_needs_more():
     built, node = nodes.gpu_node("h200"), nodes.gpu_node("h200")
-    node["gpu"]["devices"] = node["gpu"]["devices"][:4]
-    node["gpu"]["count"] = 4
+    node = nodes.edit(node, **{"gpu.devices": node.gpu.to_json()["devices"][:4], "gpu.count": 4})
     assert compat.key(node, RECIPE) == compat.key(built, RECIPE) and failed(built, node) == {}
     tp8 = tiny_recipe(tensor_parallel_size=8).identity()
     reasons = failed(built, node, tp8)
@@ -100,7 +98,7 @@ def test_fewer_gpus_share_unless_the_recipe_needs_more():
 def test_rtx_5090_with_and_without_nvcc_129_gets_another_flashinfer_arch():
     with_nvcc = nodes.gpu_node("rtx-5090", torch_cuda="12.8", nvcc="12.9")
     torch_only = nodes.gpu_node("rtx-5090", torch_cuda="12.8", nvcc=None)
-    assert (with_nvcc["gpu"]["arch"], torch_only["gpu"]["arch"]) == ("120f", "120a")
+    assert (with_nvcc.gpu.arch, torch_only.gpu.arch) == ("120f", "120a")
     assert compat.key(with_nvcc, RECIPE) != compat.key(torch_only, RECIPE)
     assert {"gpu.arch", "nvcc"} <= set(failed(with_nvcc, torch_only))
 
@@ -115,16 +113,16 @@ def test_flashinfer_arch_tags():
 def test_a_node_whose_gpus_differ_gets_no_artifact_and_says_why():
     fx = nodes.gpu_fixture("mixed-h100-l40s")
     gpu = fingerprint.gpu_section(fingerprint.read_nvml(nodes.FakeNVML(fx["nvml"])), "12.9", None, [])
-    mixed = {**nodes.gpu_node("h100-pcie"), "gpu": gpu}
-    assert gpu["mixed"] and gpu["name"] is None and gpu["arch"] == "89_90a"
-    [problem] = compat.problems(mixed)
+    mixed = nodes.gpu_node("h100-pcie").with_gpus(gpu)
+    assert gpu.mixed and gpu.name is None and gpu.arch == "89_90a"
+    [problem] = compat.unfit_reasons(mixed)
     assert "NVIDIA H100 PCIe" in problem and "NVIDIA L40S" in problem and "CUDA_VISIBLE_DEVICES" in problem
     for sku in ("h100-pcie", "l40s"):
         reasons = failed(nodes.gpu_node(sku), mixed)
         assert "gpu.mixed" in reasons and "differ" in reasons["gpu.mixed"]
     # nvidia-smi says the same.
     smi = fingerprint.gpu_section(fingerprint.parse_nvidia_smi(*nodes.smi_fixture("mixed-h100-l40s")), "12.9", None, [])
-    assert smi["mixed"] and {d["name"] for d in smi["devices"]} == {"NVIDIA H100 PCIe", "NVIDIA L40S"}
+    assert smi.mixed and {d.name for d in smi.devices} == {"NVIDIA H100 PCIe", "NVIDIA L40S"}
 
 
 def test_cuda_visible_devices_narrows_a_mixed_node_to_one_type():
@@ -132,11 +130,11 @@ def test_cuda_visible_devices_narrows_a_mixed_node_to_one_type():
     uuid_l40s = recorded["devices"][2]["uuid"]
     by_index = fingerprint.gpu_section(recorded, "12.9", "0,1", [])
     by_uuid = fingerprint.gpu_section(recorded, "12.9", uuid_l40s[:12], [])
-    assert (by_index["name"], by_index["count"], by_index["mixed"]) == ("NVIDIA H100 PCIe", 2, False)
-    assert (by_uuid["name"], by_uuid["count"]) == ("NVIDIA L40S", 1)
-    assert fingerprint.gpu_section(recorded, "12.9", "", [])["count"] == 0
-    assert fingerprint.gpu_section(recorded, "12.9", "1,7,2", [])["count"] == 1  # CUDA stops at an unknown entry
-    assert fingerprint.gpu_section(recorded, "12.9", "MIG-0c1d2e3f-aaaa", [])["count"] == 4  # whole GPUs described
+    assert (by_index.name, by_index.count, by_index.mixed) == ("NVIDIA H100 PCIe", 2, False)
+    assert (by_uuid.name, by_uuid.count) == ("NVIDIA L40S", 1)
+    assert fingerprint.gpu_section(recorded, "12.9", "", []).count == 0
+    assert fingerprint.gpu_section(recorded, "12.9", "1,7,2", []).count == 1  # CUDA stops at an unknown entry
+    assert fingerprint.gpu_section(recorded, "12.9", "MIG-0c1d2e3f-aaaa", []).count == 4  # whole GPUs described
 
 
 # nvidia-smi prints these formats too; warmer must read them all.
@@ -161,7 +159,7 @@ def test_nvidia_smi_formats():
     assert with_header["cuda_driver"] == "13.0" and with_header["driver"] == "570.124.06"
     old = fingerprint.parse_nvidia_smi(SMI_OLD_DRIVER, "")
     assert old["devices"][0]["compute_capability"] is None and old["devices"][0]["uuid"] is None
-    assert fingerprint.gpu_section(old, "12.2", None, [])["arch"] is None  # unknown, never guessed
+    assert fingerprint.gpu_section(old, "12.2", None, []).arch is None  # unknown, never guessed
     # Driver 610's banner says "KMD Version" and "CUDA UMD Version".
     r610 = fingerprint.parse_nvidia_smi("", nodes.smi_fixture("rtx-pro-6000")[1])
     assert (r610["driver"], r610["cuda_driver"]) == ("610.43.02", "13.3")
@@ -180,7 +178,7 @@ def test_probe_reads_a_fake_nvidia_smi_when_nvml_fails(monkeypatch, tmp_path):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setitem(sys.modules, "pynvml",
                         nodes.FakeNVML({}, fail="Driver/library version mismatch"))
-    gpu = fingerprint.probe()["gpu"]
+    gpu = fingerprint.probe().gpu.to_json()
     assert (gpu["source"], gpu["name"], gpu["count"]) == ("nvidia-smi", "NVIDIA H100 PCIe", 2)
     assert gpu["cuda_driver"] == "12.8"  # from the banner
     assert gpu["notes"] == ["NVML: Driver/library version mismatch"]
@@ -192,14 +190,14 @@ def test_probe_survives_nvidia_smi_output_it_cannot_read(monkeypatch, tmp_path):
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     monkeypatch.setitem(sys.modules, "pynvml", nodes.FakeNVML({}, fail="NVML Shared Library Not Found"))
-    gpu = fingerprint.probe()["gpu"]
+    gpu = fingerprint.probe().gpu.to_json()
     assert gpu["count"] == 0 and "unreadable output" in gpu["notes"][1]
 
 
 def test_probe_reads_nvml(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", nodes.FakeNVML(nodes.gpu_fixture("b200")["nvml"]))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
-    gpu = fingerprint.probe()["gpu"]
+    gpu = fingerprint.probe().gpu.to_json()
     assert (gpu["source"], gpu["name"], gpu["count"], gpu["driver"]) == ("nvml", "NVIDIA B200", 4, "575.57.08")
     assert gpu["arch"] == "100a" and gpu["visible_devices"] == "0,1,2,3"
 
@@ -226,12 +224,11 @@ def test_cpu_isa_and_thread_count_decide_on_cpu_hosts():
     avx512, avx2 = nodes.cpu_node("amd-genoa"), nodes.cpu_node("amd-milan")
     assert {"cpu.isa"} == set(failed(avx512, avx2))  # nothing else differs between the two
     # The same CPU under another model name, with a newer glibc: shares.
-    other = copy.deepcopy(avx512)
-    other["cpu"]["model"], other["glibc"] = "AMD EPYC 9554 64-Core Processor", "2.39"
+    other = nodes.edit(avx512, **{"cpu.model": "AMD EPYC 9554 64-Core Processor", "glibc": "2.39"})
     assert compat.key(other, RECIPE) == compat.key(avx512, RECIPE) and failed(avx512, other) == {}
     # The thread count is in Inductor's key: another count is another artifact.
     more = nodes.cpu_node("amd-genoa", env={"OMP_NUM_THREADS": "16"})
-    assert more["cpu"]["threads"] == 16
+    assert more.cpu.threads == 16
     assert compat.key(more, RECIPE) != compat.key(avx512, RECIPE) and set(failed(avx512, more)) == {"cpu.threads"}
     # An older glibc than the build's is refused.
     assert set(failed(other, avx512)) == {"glibc"}
@@ -249,18 +246,16 @@ def test_thread_count_is_physical_cores_of_the_affinity():
 
 def test_on_gpu_nodes_the_host_cpu_is_advisory():
     sxm = nodes.gpu_node("h100-sxm")
-    on_amd = copy.deepcopy(sxm)
-    on_amd["cpu"] = nodes.cpu_section("amd-milan")
+    on_amd = nodes.edit(sxm, cpu=nodes.cpu_section("amd-milan"))
     assert compat.key(on_amd, RECIPE) == compat.key(sxm, RECIPE)
-    advisory = {d.field for d in compat.check(sxm, on_amd) if d.rule == compat.ADVISORY and d.built != d.node}
+    advisory = {d.field for d in compat.decisions(sxm, on_amd) if d.kind == compat.ADVISORY and d.built != d.node}
     assert {"cpu.isa", "cpu.model"} <= advisory
 
 
 def _all_nodes():
     out = {f"gpu:{s}": nodes.gpu_node(s) for s in EXPECTED}
     out.update({f"cpu:{h}": nodes.cpu_node(h) for h in nodes.CPU_HOSTS})
-    out["gpu:h200-new-driver"] = copy.deepcopy(out["gpu:h200"])
-    out["gpu:h200-new-driver"]["gpu"]["driver"] = "580.65.06"
+    out["gpu:h200-new-driver"] = nodes.edit(out["gpu:h200"], **{"gpu.driver": "580.65.06"})
     return out
 
 
@@ -268,5 +263,5 @@ def test_key_and_check_agree_on_every_pair():
     """One lookup is enough: two fingerprints pass every hard rule exactly when their keys are equal."""
     everything = _all_nodes()
     for (na, a), (nb, b) in itertools.product(everything.items(), repeat=2):
-        hard_ok = not any(d.rule == compat.HARD and not d.ok for d in compat.check(a, b, RECIPE))
+        hard_ok = not any(d.kind == compat.HARD and not d.ok for d in compat.decisions(a, b, RECIPE))
         assert hard_ok == (compat.key(a, RECIPE) == compat.key(b, RECIPE)), (na, nb)

@@ -2,6 +2,7 @@
 arch, a stub libcuda satisfies the link), packed, restored, and checked with ninja's dry run."""
 
 import copy
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -12,7 +13,7 @@ import time
 import pytest
 
 from tests.conftest import run_python, tiny_recipe
-from warmer import build, fetch, restore
+from warmer import build, fetch, flashinfer_jit, restore, serving
 from warmer.components import flashinfer
 from warmer.store import open_store
 
@@ -38,7 +39,7 @@ def jit_env(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory, jit_env):
-    """One real module built by nvcc under a root, then packed: (root, artifact file, artifact.json)."""
+    """One real module built by nvcc under a root, then packed: (root, artifact file, Artifact)."""
     root = tmp_path_factory.mktemp("fi") / "root"
     env = {**os.environ, **jit_env, "FLASHINFER_WORKSPACE_BASE": str(root / "flashinfer")}
     run_python("-c", BUILD, env=env)
@@ -62,29 +63,29 @@ def served(monkeypatch, jit_env):
 
 def test_pack_takes_what_ninja_needs_and_records_the_contract(artifact):
     root, _, doc = artifact
-    paths = {f["path"].rsplit("/", 1)[-1] for f in doc["files"]}
+    paths = {f.path.rsplit("/", 1)[-1] for f in doc.files}
     assert {"build.ninja", ".ninja_log", ".ninja_deps", f"{MODULE}.so", f"{MODULE}.cu"} <= paths
     assert "flashinfer_jit.log" not in paths and not any(p.endswith(".lock") for p in paths)
-    contract = doc["path_contract"]["flashinfer"]
-    assert contract["modules"] == [MODULE]
-    assert contract["workspace_base"] == os.path.realpath(root / "flashinfer")
-    assert contract["cuda_home"] == CUDA_HOME and contract["ninja"] and contract["git_commit"]
-    assert contract["env"]["FLASHINFER_CUDA_ARCH_LIST"] == "9.0a"
+    contract = doc.path_contract.flashinfer
+    assert contract.modules == (MODULE,)
+    assert contract.workspace_base == os.path.realpath(root / "flashinfer")
+    assert contract.cuda_home == CUDA_HOME and contract.ninja and contract.git_commit
+    assert contract.env["FLASHINFER_CUDA_ARCH_LIST"] == "9.0a"
 
 
 def test_restore_at_the_same_path_leaves_ninja_no_work(artifact, served, tmp_path):
     root, art, doc = artifact
     shutil.rmtree(root)
     restore.restore_file(art, root)
-    result = flashinfer.dry_run(root, served)
+    result = flashinfer_jit.dry_run(root, served)
     assert result["clean"] is True and result["modules"][MODULE]["clean"], result
     # The node journey says the same, with no FlashInfer warning.
     store = open_store(f"file://{tmp_path / 'store'}")
     build.publish(store, art)
     shutil.rmtree(root)
     got = fetch.fetch(tiny_recipe(), store, root)
-    assert got["status"] == "hit" and got["flashinfer"]["clean"] is True
-    assert not [w for w in got["warnings"] if "FlashInfer" in w or "ninja" in w]
+    assert got.status == "hit" and got.flashinfer["clean"] is True
+    assert not [w for w in got.warnings if "FlashInfer" in w or "ninja" in w]
 
 
 def test_another_base_path_is_predicted_and_confirmed(artifact, served, tmp_path):
@@ -93,25 +94,25 @@ def test_another_base_path_is_predicted_and_confirmed(artifact, served, tmp_path
     build.publish(store, art)
     elsewhere = tmp_path / "elsewhere" / "root"
     got = fetch.fetch(tiny_recipe(), store, elsewhere)
-    predicted = [w for w in got["warnings"] if "FlashInfer will rebuild" in w]
+    predicted = [w for w in got.warnings if "FlashInfer will rebuild" in w]
     assert predicted and MODULE in predicted[0] and "workspace real path" in predicted[0]
-    assert got["flashinfer"]["clean"] is False  # and ninja agrees
-    assert any("ninja would rebuild" in w for w in got["warnings"])
+    assert got.flashinfer["clean"] is False  # and ninja agrees
+    assert any("ninja would rebuild" in w for w in got.warnings)
 
 
 def test_a_different_toolchain_is_predicted(artifact):
     _, _, doc = artifact
-    built = doc["path_contract"]["flashinfer"]
-    node = copy.deepcopy(built)
-    node["cuda_home"] = "/usr/local/cuda-13.0"  # the same toolkit through another path still rebuilds
-    node["ninja"] = "1.11.1" if built["ninja"] != "1.11.1" else "1.13.2"
-    node["env"]["FLASHINFER_NVCC_THREADS"] = "4"
-    reasons = flashinfer.compare(built, node)
+    built = doc.path_contract.flashinfer
+    node = dataclasses.replace(
+        built, cuda_home="/usr/local/cuda-13.0",  # the same toolkit through another path still rebuilds
+        ninja="1.11.1" if built.ninja != "1.11.1" else "1.13.2",
+        env={**built.env, "FLASHINFER_NVCC_THREADS": "4"})
+    reasons = flashinfer_jit.compare(built, node)
     assert len(reasons) == 3
     assert any("CUDA_HOME" in r for r in reasons) and any("ninja version" in r for r in reasons)
     assert any("FLASHINFER_NVCC_THREADS" in r for r in reasons)
-    assert flashinfer.compare(built, copy.deepcopy(built)) == []
-    assert "not installed" in flashinfer.compare(built, None)[0]
+    assert flashinfer_jit.compare(built, copy.deepcopy(built)) == []
+    assert "not installed" in flashinfer_jit.compare(built, None)[0]
 
 
 def test_newer_inputs_are_found_and_back_dated_on_request(artifact, served):
@@ -121,20 +122,24 @@ def test_newer_inputs_are_found_and_back_dated_on_request(artifact, served):
     source = next((root / "flashinfer").rglob(f"generated/{MODULE}.cu"))
     later = time.time_ns() + 10_000_000_000
     os.utime(source, ns=(later, later))  # like a pip install after the warm-up
-    before = flashinfer.check(root, served, restore.active(root)["artifact"]["path_contract"]["flashinfer"])
+    before = flashinfer_jit.report(root, served, restore.active(root).artifact.path_contract.flashinfer)
     assert before["dry_run"]["clean"] is False
     assert any("older than most recent input" in r for r in before["dry_run"]["modules"][MODULE]["reasons"])
     assert [n["file"] for n in before["newer_inputs"]] == [str(source)]
     assert before["contract"] == []
-    fixed = flashinfer.check(root, served, None, backdate_inputs=True)
+    fixed = flashinfer_jit.report(root, served, None, backdate_inputs=True)
     assert fixed["backdate"]["files"] == [str(source)] and fixed["backdate"]["held_back_site_packages"] == []
     assert fixed["dry_run_after"]["clean"] is True, fixed
     assert source.stat().st_mtime_ns < later
 
 
-def test_cubins_turn_downloads_off(tmp_path):
-    doc = {"files": [{"path": f"flashinfer/{flashinfer.CACHE}/cubins/abc/fmha/checksums.txt"}]}
-    env = flashinfer.artifact_env(doc, tmp_path)
-    assert env == {"FLASHINFER_CUBIN_DIR": str(tmp_path / "flashinfer" / flashinfer.CACHE / "cubins"),
-                   "FLASHINFER_NO_DOWNLOAD": "1"}
-    assert flashinfer.artifact_env({"files": [{"path": "vllm/x.json"}]}, tmp_path) == {}
+def test_cubins_are_pointed_at_and_downloads_are_off_only_offline(tmp_path):
+    files = [f"flashinfer/{flashinfer.CACHE}/cubins/abc/fmha/checksums.txt"]
+    cubin_dir = str(tmp_path / "flashinfer" / flashinfer.CACHE / "cubins")
+    assert flashinfer.artifact_env(files, tmp_path) == {"FLASHINFER_CUBIN_DIR": cubin_dir}
+    assert flashinfer.artifact_env(["vllm/x.json"], tmp_path) == {}
+    # Downloads are turned off by the serve env, and only for an offline node.
+    offline = serving.vllm_env(tiny_recipe(), tmp_path, files=files, offline=True)
+    assert offline["FLASHINFER_CUBIN_DIR"] == cubin_dir and offline["FLASHINFER_NO_DOWNLOAD"] == "1"
+    online = serving.vllm_env(tiny_recipe(), tmp_path, files=files)
+    assert online["FLASHINFER_CUBIN_DIR"] == cubin_dir and "FLASHINFER_NO_DOWNLOAD" not in online

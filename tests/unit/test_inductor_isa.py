@@ -4,13 +4,13 @@ Inductor does not key its CPU cache on the instruction set (an AVX-512 cache reu
 wrong numbers, the reverse crashed: research/torch-inductor-triton-caches.md), so warmer must.
 """
 
-import copy
 import importlib.util
 import os
 
 import pytest
 
 from tests.conftest import run_python, tiny_recipe
+from tests.fixtures import nodes
 from warmer import build, explain, fetch, fingerprint, restore
 from warmer.store import open_store
 
@@ -57,28 +57,28 @@ def test_fetch_refuses_a_real_inductor_cache_for_another_isa(inductor_root, tmp_
     built = fingerprint.probe(root=root, model=recipe.model)
     art = tmp_path / "inductor.tar.zst"
     doc = build.pack_root(root, recipe, art, fp=built)
-    assert set(kernels) <= {f["path"] for f in doc["files"]}
+    assert set(kernels) <= {f.path for f in doc.files}
     store = open_store(f"file://{tmp_path / 'store'}")
-    assert build.publish(store, art)["status"] == "published"
+    assert build.publish(store, art).status == "published"
 
-    other = copy.deepcopy(built)
-    other["cpu"]["isa"] = _other_isa(built["cpu"]["isa"])
-    monkeypatch.setattr(fingerprint, "probe", lambda **kw: copy.deepcopy(other))
+    other = nodes.edit(built, **{"cpu.isa": _other_isa(list(built.cpu.isa))})
+    monkeypatch.setattr(fingerprint, "probe", lambda **kw: other)
     node_root = tmp_path / "node"
-    got = fetch.fetch(recipe, store.url, node_root)
+    got = fetch.fetch(recipe, store.url, node_root).to_json()
     assert got["status"] in ("miss", "misfit") and "restore" not in got
-    assert not [p for p in node_root.rglob("*") if p.is_file()] and restore.active(node_root) is None
+    assert [p.name for p in node_root.rglob("*") if p.is_file()] == [restore.PREPARED]
+    assert restore.active(node_root) is None
     [difference] = got["nearest"]["differences"]
     assert difference.startswith("cpu.isa: ") and "avx512f" in difference
-    [candidate] = explain.explain(store, recipe, other)["candidates"]
+    [candidate] = explain.explain(store, recipe, other).to_json()["candidates"]
     assert not candidate["accepted"] and candidate["failed"] == {"hard": ["cpu.isa"], "ranged": []}
     isa = next(d for d in candidate["decisions"] if d["field"] == "cpu.isa")
     assert "wrong numbers" in isa["why"]
 
     # The same fingerprint is accepted, and the kernels arrive byte for byte.
-    monkeypatch.setattr(fingerprint, "probe", lambda **kw: copy.deepcopy(built))
+    monkeypatch.setattr(fingerprint, "probe", lambda **kw: built)
     got = fetch.fetch(recipe, store.url, node_root)
-    assert got["status"] == "hit", got["warnings"]
+    assert got.status == "hit", got.warnings
     for rel in kernels:
         assert (node_root / rel).read_bytes() == (root / rel).read_bytes()
-    assert explain.explain(store, recipe, built)["candidates"][0]["accepted"]
+    assert explain.explain(store, recipe, built).candidates[0].accepted

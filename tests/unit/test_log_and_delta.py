@@ -54,10 +54,10 @@ def test_delta_counts_cache_files_not_locks(cache_tree):
     before = verify.snapshot(root)
     (root / "inductor/locks/new.lock").write_bytes(b"")
     (root / "tmp/scratch-from-a-run").write_bytes(b"x")
-    assert verify.delta(before, verify.snapshot(root))["recompiled_files"] == 0
+    assert verify.delta(before, verify.snapshot(root)).recompiled == 0
     (root / "inductor/ab/cabnew.so").parent.mkdir()
     (root / "inductor/ab/cabnew.so").write_bytes(b"new kernel")
     (root / "vllm/modelinfos/vllm-model_executor-models-llama-LlamaForCausalLM.json").write_bytes(b"{}")
     d = verify.delta(before, verify.snapshot(root))
-    assert (d["new_files"], d["rewritten_files"], d["recompiled_files"]) == (1, 1, 2)
-    assert d["by_component"] == {"inductor": 1, "vllm": 1}
+    assert (d.new, d.rewritten, d.recompiled) == (1, 1, 2)
+    assert d.by_component == {"inductor": 1, "vllm": 1}

@@ -2,12 +2,16 @@
 
 import json
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, run_warmer
-from warmer import matrix
+from warmer import matrix, report
+from warmer.build import BuildResult, PublishResult
+from warmer.restore import RestoreResult
+from warmer.verify import FileDelta, VerifyResult
 
 MANIFESTS = REPO / "manifests"
 CATALOGUE = MANIFESTS / "skus.toml"
@@ -127,23 +131,25 @@ def test_cli_github_format_is_one_line_for_github_output():
 def test_cli_unknown_sku_fails_with_the_message(tmp_path):
     d = _recipes(tmp_path, bad=(["h300"], 1))
     out = run_warmer("matrix", d)
-    assert out.returncode == 1 and "h300" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "h300" in out.stderr and "Traceback" not in out.stderr  # a usage error
 
 
 # --- the step summary ------------------------------------------------------------------------
 
-BUILD_RESULT = {
-    "status": "published", "recipe": "llama", "key": "ab" * 32, "files": 120, "bytes": 1_500_000_000,
-    "archive_bytes": 400_000_000, "restore": {"seconds": 3.2},
-    "cold": {"engine_init_s": 212.4, "init_engine_s": 150.1, "torch_compile_s": 39.0},
-    "verify": {"verdict": "hit", "files": {"recompiled_files": 0},
-               "restored": {"engine_init_s": 61.0, "init_engine_s": 20.3, "torch_compile_s": 4.1}},
-    "publish": {"status": "published", "store": "s3://bucket/warmer"},
-}
+def _verify(verdict: str, recompiled: int, restored: dict) -> VerifyResult:
+    return VerifyResult(verdict, FileDelta(recompiled, 0, {}), (), {}, {}, {}, restored, {})
+
+
+BUILD_RESULT = BuildResult(
+    recipe="llama", key="ab" * 32, store="s3://bucket/warmer", status="published", files=120, bytes=1_500_000_000,
+    archive_bytes=400_000_000, restore=RestoreResult("restored", "/cache/llama", "ab" * 32, 3.2),
+    cold={"engine_init_s": 212.4, "init_engine_s": 150.1, "torch_compile_s": 39.0},
+    verify=_verify("hit", 0, {"engine_init_s": 61.0, "init_engine_s": 20.3, "torch_compile_s": 4.1}),
+    publish=PublishResult("published", "s3://bucket/warmer", "llama", "ab" * 32, "ef" * 32, 400_000_000, True))
 
 
 def test_step_summary_has_cold_time_size_and_verify():
-    md = matrix.step_summary(BUILD_RESULT, recipe="llama")
+    md = report.step_summary(BUILD_RESULT, recipe="llama")
     assert "published" in md.splitlines()[0]
     assert "| engine start (LLM() to ready) | 212.4 s | 61.0 s |" in md
     assert "1500.0 MB packed to 400.0 MB" in md and "**hit**, 0 recompiled" in md
@@ -151,11 +157,10 @@ def test_step_summary_has_cold_time_size_and_verify():
 
 
 def test_step_summary_of_a_failure_and_of_nothing_to_do():
-    md = matrix.step_summary({**BUILD_RESULT, "verify": {"verdict": "miss", "files": {"recompiled_files": 7},
-                                                         "restored": {}}},
+    md = report.step_summary(replace(BUILD_RESULT, verify=_verify("miss", 7, {})),
                              recipe="llama", error="verify found 7 recompiled file(s)")
     assert "failed" in md.splitlines()[0] and "> verify found 7" in md and "**miss**, 7 recompiled" in md
-    md = matrix.step_summary({"status": "already-published", "store": "s3://b", "key": "cd" * 32}, recipe="x")
+    md = report.step_summary(BuildResult("x", "cd" * 32, "s3://b", "already-published"), recipe="x")
     assert "nothing built" in md and "cdcdcdcd" in md
 
 

@@ -28,16 +28,16 @@ def published(tmp_path, cache_tree):
 
 
 def test_pack_takes_cache_files_and_leaves_locks_and_scratch(published):
-    paths = {f["path"] for f in published["doc"]["files"]}
+    paths = {f.path for f in published["doc"].files}
     assert paths == set(published["files"])
-    comps = published["doc"]["components"]
-    assert comps["inductor-headers"]["files"] == 1 and comps["inductor"]["files"] == 3
+    comps = published["doc"].components
+    assert comps["inductor-headers"].files == 1 and comps["inductor"].files == 3
 
 
 def test_publish_is_idempotent_and_first_writer_wins(published, tmp_path, cache_tree):
-    assert published["publish"]["status"] == "published" and published["publish"]["blob_uploaded"]
+    assert published["publish"].status == "published" and published["publish"].blob_uploaded
     again = build.publish(published["store"], published["artifact"])
-    assert again["status"] == "already-published" and not again["blob_uploaded"]
+    assert again.status == "already-published" and not again.blob_uploaded
     # Eight builders of the same key race with different artifacts: exactly one entry wins.
     root, _ = cache_tree
     arts = []
@@ -45,14 +45,14 @@ def test_publish_is_idempotent_and_first_writer_wins(published, tmp_path, cache_
         arts.append(tmp_path / f"race{i}.tar.zst")
         build.pack_root(root, tiny_recipe(max_model_len=64), arts[-1], timings={"build": {"run": i}})
     results = publish_at_once([published["store"]] * 8, arts)
-    assert sorted(r["status"] for r in results) == ["already-published"] * 7 + ["published"]
-    winner = next(r for r in results if r["status"] == "published")
-    assert all(r.get("published_blob", winner["blob"]) == winner["blob"] for r in results)
+    assert sorted(r.status for r in results) == ["already-published"] * 7 + ["published"]
+    winner = next(r for r in results if r.status == "published")
+    assert all((r.published_blob or winner.blob) == winner.blob for r in results)
 
 
 def test_fetch_restores_verified_files_and_is_then_a_no_op(published, tmp_path):
     node_root = tmp_path / "node-root"
-    got = fetch.fetch(published["recipe"], published["store"].url, node_root)
+    got = fetch.fetch(published["recipe"], published["store"].url, node_root).to_json()
     assert got["status"] == "hit", got["warnings"]
     for rel, content in published["files"].items():
         assert (node_root / rel).read_bytes() == content
@@ -62,24 +62,23 @@ def test_fetch_restores_verified_files_and_is_then_a_no_op(published, tmp_path):
     assert got["env"]["VLLM_RPC_BASE_PATH"] == "/tmp"  # short socket paths whatever the root
     # Restored under another root: the relocatable caches are fine, so no warning about them.
     assert not [w for w in got["warnings"] if "will rebuild" in w]
-    again = fetch.fetch(published["recipe"], published["store"].url, node_root)
+    again = fetch.fetch(published["recipe"], published["store"].url, node_root).to_json()
     assert again["status"] == "already-active" and again["restore"]["seconds"] < 0.5
     assert not list(tmp_path.glob(".node-root.staging-*"))
 
 
 def test_a_corrupt_blob_is_never_activated(published, tmp_path):
     node_root = tmp_path / "node-root"
-    node_root.mkdir()
-    (node_root / "vllm").mkdir()
+    restore.prepare(node_root)  # as a miss leaves it: vLLM compiled into it
     (node_root / "vllm" / "previous.json").write_text("previous cache")
-    blob = published["publish"]["blob"]
+    blob = published["publish"].blob
     path = Path(published["store"].base) / "blobs" / "sha256" / blob[:2] / f"{blob}.tar.zst"
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     got = fetch.fetch(published["recipe"], published["store"].url, node_root)
-    assert got["status"] == "error"
-    assert any("unchanged" in w for w in got["warnings"])
+    assert got.status == "error"
+    assert any("unchanged" in w for w in got.warnings), got.warnings
     assert (node_root / "vllm" / "previous.json").read_text() == "previous cache"
     assert not (node_root / restore.MARKER).exists()
     assert not list(tmp_path.glob(".node-root.staging-*"))
@@ -123,12 +122,12 @@ def test_cli_restore_refuses_a_truncated_file(published, tmp_path):
 
 def test_restore_replaces_the_previous_cache_whole(published, tmp_path):
     root = tmp_path / "r"
-    (root / "inductor").mkdir(parents=True)
+    restore.prepare(root)  # a root warmer prepared, where vLLM compiled after a miss
     (root / "inductor" / "stale.so").write_bytes(b"old")
     result = restore.restore_file(published["artifact"], root)
-    assert result["status"] == "restored"
+    assert result.status == "restored"
     assert not (root / "inductor" / "stale.so").exists()
-    assert restore.active(root)["key"] == published["doc"]["key"]
+    assert restore.active(root).artifact.key == published["doc"].key
 
 
 def test_symlinked_root_is_refused(published, tmp_path):
@@ -142,4 +141,4 @@ def test_symlinked_root_is_refused(published, tmp_path):
 def test_inspect_shows_the_manifest(published):
     out = run_warmer("inspect", published["artifact"], "--json")
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["key"] == published["doc"]["key"]
+    assert json.loads(out.stdout)["key"] == published["doc"].key

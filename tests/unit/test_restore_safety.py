@@ -2,7 +2,6 @@
 read-only and unwritable roots, mutated artifacts. After each, the root holds the previous
 complete cache or the new complete cache, never a mix, and nothing lands outside it."""
 
-import copy
 import io
 import json
 import os
@@ -40,12 +39,12 @@ def assert_complete(root: Path) -> str:
     """root holds exactly one artifact's files, each matching its manifest; returns its name."""
     marker = restore.active(root)
     assert marker, f"{root} has no active artifact"
-    entries = artifact.entries(marker["artifact"])
+    entries = marker.artifact.entries()
     on_disk = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()} - {restore.MARKER}
     assert on_disk == set(entries), on_disk ^ set(entries)
     for rel, e in entries.items():
         assert archive.sha256_file(root / rel) == e.sha256, rel
-    return marker["artifact"]["timings"]["build"]["name"]
+    return marker.artifact.timings["build"]["name"]
 
 
 @pytest.fixture
@@ -59,15 +58,15 @@ def previous(tmp_path):
 
 def _hostile(tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], listed: list[FileEntry]) -> Path:
     """An archive with a valid artifact.json listing `listed`, and a body made by hand."""
-    _, doc = _artifact(tmp_path, "base")
-    doc = copy.deepcopy(doc)
+    _, art = _artifact(tmp_path, "base")
+    doc = art.to_json()
     doc["files"] = [e.to_dict() for e in listed]
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tf:
         for info, data in members:
             tf.addfile(info, io.BytesIO(data) if data is not None else None)
     path = tmp_path / "hostile.tar.zst"
-    path.write_bytes(archive.manifest_frame(artifact.dumps(doc)) + zstandard.ZstdCompressor().compress(raw.getvalue()))
+    path.write_bytes(archive.manifest_frame(artifact.canonical(doc)) + zstandard.ZstdCompressor().compress(raw.getvalue()))
     return path
 
 
@@ -132,7 +131,7 @@ def test_decompression_bomb_is_refused(tmp_path, previous):
 def test_size_limit_is_enforced(tmp_path, previous):
     path, doc = _artifact(tmp_path, "B")
     with pytest.raises(restore.RestoreError, match="over the limit"):
-        restore.restore_file(path, previous, max_bytes=artifact.total_bytes(doc) - 1)
+        restore.restore_file(path, previous, max_bytes=doc.total_bytes - 1)
     assert assert_complete(previous) == "A"
 
 
@@ -151,7 +150,7 @@ def test_mutated_artifacts_are_never_activated(tmp_path, previous):
         bad.write_bytes(bytes(mutated))
         with pytest.raises(restore.RestoreError):
             restore.restore_file(bad, previous)
-        assert restore.active(previous)["artifact"]["timings"]["build"]["name"] == "A"
+        assert restore.active(previous).artifact.timings["build"]["name"] == "A"
     assert assert_complete(previous) == "A"
 
 
@@ -196,7 +195,7 @@ def test_concurrent_restores_extract_once(tmp_path):
     assert sorted(r["status"] for r in results) == ["already-active"] * 7 + ["restored"]
     assert assert_complete(root) == "B"
     t0 = time.perf_counter()
-    assert restore.restore_file(path, root)["status"] == "already-active"
+    assert restore.restore_file(path, root).status == "already-active"
     assert time.perf_counter() - t0 < 0.5
 
 

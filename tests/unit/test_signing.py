@@ -41,34 +41,34 @@ def test_signed_artifact_is_accepted_by_its_key_only(setup):
     assert Path(str(setup["artifact"]) + ".sig").exists()
     node = setup["tmp"] / "node"
     ok = fetch.fetch(tiny_recipe(), setup["store"], node, trusted_keys=[public])
-    assert ok["status"] == "hit" and ok["signed_by"] == json.loads(Path(str(setup["artifact"]) + ".sig").read_text())["key_id"]
+    assert ok.status == "hit" and ok.signed_by == json.loads(Path(str(setup["artifact"]) + ".sig").read_text())["key_id"]
     other = setup["tmp"] / "other"
     refused = fetch.fetch(tiny_recipe(), setup["store"], other, trusted_keys=[setup["keys"]["stranger"][1]])
-    assert refused["status"] == "untrusted" and "not among the trusted keys" in " ".join(refused["warnings"])
+    assert refused.status == "untrusted" and "not among the trusted keys" in " ".join(refused.warnings)
     assert restore.active(other) is None
-    assert published["status"] == "published"
+    assert published.status == "published"
 
 
 def test_unsigned_artifact_is_refused_when_keys_are_configured(setup):
     build.publish(open_store(setup["store"]), setup["artifact"])
     node = setup["tmp"] / "node"
     got = fetch.fetch(tiny_recipe(), setup["store"], node, trusted_keys=[setup["keys"]["builder"][1]])
-    assert got["status"] == "untrusted" and "unsigned" in " ".join(got["warnings"])
+    assert got.status == "untrusted" and "unsigned" in " ".join(got.warnings)
     assert restore.active(node) is None
     # Without trusted keys the same artifact is restored: signing is opt-in.
-    assert fetch.fetch(tiny_recipe(), setup["store"], node)["status"] == "hit"
+    assert fetch.fetch(tiny_recipe(), setup["store"], node).status == "hit"
 
 
 def test_a_tampered_index_entry_fails_its_signature(setup):
     private, public = setup["keys"]["builder"]
     store = open_store(setup["store"])
     published = build.publish(store, setup["artifact"], str(private))
-    entry_path = Path(store.base) / "index" / "tiny" / f"{published['key']}.json"
+    entry_path = Path(store.base) / "index" / "tiny" / f"{published.key}.json"
     entry = json.loads(entry_path.read_text())
     entry["artifact"]["files"][0]["sha256"] = "0" * 64  # swap in other code for one file
     entry_path.write_text(json.dumps(entry))
     got = fetch.fetch(tiny_recipe(), setup["store"], setup["tmp"] / "node", trusted_keys=[public])
-    assert got["status"] == "untrusted" and "does not match" in " ".join(got["warnings"])
+    assert got.status == "untrusted" and "does not match" in " ".join(got.warnings)
 
 
 def test_restore_of_a_local_file_checks_its_sidecar(setup):
@@ -93,8 +93,8 @@ def test_keys_made_with_openssl_work(setup):
     subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)], check=True)
     manifest = b'{"files": []}'
     sig = signing.sign(manifest, key)
-    assert signing.check(manifest, sig, [pub]) == sig["key_id"]
+    assert signing.verify(manifest, sig, [pub]) == sig.key_id
     with pytest.raises(signing.SignatureError, match="does not match"):
-        signing.check(manifest + b" ", sig, [pub])
-    with pytest.raises(signing.SignatureError, match="not an unencrypted PEM"):
-        signing.check(manifest, sig, [setup["artifact"]])
+        signing.verify(manifest + b" ", sig, [pub])
+    with pytest.raises(signing.KeyFileError, match="not an unencrypted PEM"):  # the operator's file: a usage error
+        signing.verify(manifest, sig, [setup["artifact"]])

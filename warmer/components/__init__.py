@@ -6,13 +6,15 @@ its files belong in an artifact, and whether it survives a move to another root 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Mapping
 
-from warmer.components.base import Component
-from warmer.components import cuda, flashinfer, inductor, triton, vllm
+from warmer.components.base import Component, junk
+from warmer.components import cuda, cute_dsl, flashinfer, inductor, triton, vllm
 
 ALL: tuple[Component, ...] = (vllm.COMPONENT, inductor.COMPONENT, inductor.HEADERS, triton.COMPONENT,
-                              flashinfer.COMPONENT, flashinfer.B12X, cuda.COMPONENT)
+                              flashinfer.COMPONENT, flashinfer.B12X, cute_dsl.COMPONENT, cuda.COMPONENT)
 
 
 def cache_env(root: Path) -> dict[str, str]:
@@ -33,4 +35,18 @@ def of_path(rel: str) -> Component | None:
     return next((c for c in ALL if c.owns(rel)), None)
 
 
-__all__ = ["ALL", "Component", "cache_env", "collect", "of_path"]
+def excluded(rel: str) -> bool:
+    """Whether a root-relative path is left out on purpose by the component it is under, or is junk."""
+    return junk(rel) or any(c.leaves_out(rel) for c in ALL)
+
+
+def default_paths(env: Mapping[str, str], user: str) -> dict[str, str]:
+    """Where each cache env var's cache lands in env when the var is unset (as each library computes it)."""
+    home = env.get("HOME") or os.path.expanduser("~")
+    values = {"home": home, "xdg": env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"),
+              "tmp": env.get("TMPDIR") or "/tmp", "user": user, "triton_home": env.get("TRITON_HOME") or home,
+              "fi_base": env.get("FLASHINFER_WORKSPACE_BASE") or home}
+    return {var: template.format(**values) for c in ALL for var, template in c.defaults}
+
+
+__all__ = ["ALL", "Component", "cache_env", "collect", "default_paths", "excluded", "junk", "of_path"]

@@ -22,6 +22,10 @@ class Component:
     include: tuple[str, ...] = ("*",)   # patterns on the path relative to subdir
     exclude: tuple[str, ...] = ()
     relocatable: bool = True            # hits after a restore under another root path
+    # Where each env var's cache lands when the var is unset, as the library computes it: templates
+    # over {home}, {xdg} (XDG_CACHE_HOME or ~/.cache), {tmp} (TMPDIR or /tmp), {user}, {triton_home},
+    # {fi_base} (FLASHINFER_WORKSPACE_BASE or ~). doctor shows where a pod's caches really go.
+    defaults: tuple[tuple[str, str], ...] = ()
 
     def env_under(self, root: Path) -> dict[str, str]:
         return {var: str(root / rel) for var, rel in self.env}
@@ -33,6 +37,11 @@ class Component:
     def _owns_inner(self, inner: str) -> bool:
         included, excluded = _patterns(self.include, self.exclude + ALWAYS_EXCLUDED)
         return bool(included.match(inner)) and not excluded.match(inner)
+
+    def leaves_out(self, rel: str) -> bool:
+        """Whether rel is under this component and left out on purpose (a log, a lock, scratch)."""
+        head, _, inner = rel.partition("/")
+        return head == self.subdir and bool(inner) and bool(_patterns((), self.exclude + ALWAYS_EXCLUDED)[1].match(inner))
 
     def files(self, root: Path) -> list[str]:
         """Regular files under subdir that the rules take, in a stable order (a directory's files, then
@@ -55,6 +64,12 @@ class Component:
 
         walk(os.path.join(root, self.subdir), "")
         return out
+
+
+def junk(rel: str) -> bool:
+    """Lock files and half-written temporaries, wherever they are."""
+    name = rel.rpartition("/")[2]
+    return bool(_patterns((), ALWAYS_EXCLUDED)[1].match(rel) or _patterns((), ALWAYS_EXCLUDED)[1].match(name))
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,4 +7,5 @@ COMPONENT = Component(
     subdir="cuda",
     env=(("CUDA_CACHE_PATH", "cuda"),),
     about="CUDA driver JIT cache (PTX to SASS)",
+    defaults=(("CUDA_CACHE_PATH", "{home}/.nv/ComputeCache"),),
 )

@@ -13,6 +13,7 @@ COMPONENT = Component(
     subdir="inductor",
     env=(("TORCHINDUCTOR_CACHE_DIR", "inductor"),),
     about="FX graph, AOTAutograd and C++/Triton kernel cache",
+    defaults=(("TORCHINDUCTOR_CACHE_DIR", "{tmp}/torchinductor_{user}"),),
 )
 
 HEADERS = Component(
@@ -21,4 +22,5 @@ HEADERS = Component(
     env=(("TMPDIR", "tmp"),),
     about="precompiled headers for Inductor's C++ kernels",
     include=("torchinductor_*/precompiled_headers/*",),
+    defaults=(("TMPDIR", "/tmp"),),
 )

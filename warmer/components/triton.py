@@ -9,4 +9,5 @@ COMPONENT = Component(
     env=(("TRITON_CACHE_DIR", "triton"),),
     about="compiled Triton kernels (cubin, ptx, metadata) and autotune results",
     relocatable=False,
+    defaults=(("TRITON_CACHE_DIR", "{triton_home}/.triton/cache"),),
 )

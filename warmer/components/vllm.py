@@ -13,4 +13,5 @@ COMPONENT = Component(
     about="torch_compile_cache, modelinfos, flashinfer_autotune_cache, deep_gemm",
     # The P2P access cache describes one machine's PCIe topology: never ship it.
     exclude=("gpu_p2p_access_cache_for_*", "dummy_cache/*"),
+    defaults=(("VLLM_CACHE_ROOT", "{xdg}/vllm"),),
 )

@@ -20,7 +20,7 @@ import re
 from datetime import datetime
 from typing import BinaryIO, NamedTuple
 
-from warmer.errors import StoreError, UntrustedInput
+from warmer.errors import StoreError, UntrustedInput, UsageError
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # A recipe's name, as recipes spell it (warmer.recipe uses the same pattern).
@@ -39,6 +39,10 @@ class BlobMissing(StoreError):
 
 class BlobCorrupt(StoreError):
     """A blob's bytes do not hash to its name, even after downloading it again."""
+
+
+class NotARegularFile(UntrustedInput):
+    """Where a store should hold a regular file, something else is (a link, a FIFO, a device)."""
 
 
 class IndexTooLarge(UntrustedInput):
@@ -163,7 +167,7 @@ def open_store(url: str, *, endpoint_url: str | None = None, path_style: bool | 
 
         return S3Store(url, endpoint_url=endpoint_url, path_style=path_style, progress=progress)
     if endpoint_url:
-        raise StoreError(f"--endpoint-url {endpoint_url} applies to s3:// stores, not to {url}")
+        raise UsageError(f"--endpoint-url {endpoint_url} applies to s3:// stores, not to {url}")
     from warmer.store.file import FileStore
 
     if url.startswith("file://"):

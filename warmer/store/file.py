@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
 
-from warmer.store import Blob, BlobMissing, Store, StoreError, blob_path, index_path, parse_blob_path, parse_index_path
+from warmer.store import Blob, BlobMissing, NotARegularFile, Store, StoreError, blob_path, index_path, parse_blob_path, parse_index_path
 
 CHUNK = 1 << 20
 
@@ -29,13 +29,13 @@ def open_regular(path: str | os.PathLike, what: str) -> BinaryIO | None:
         return None
     except OSError as e:
         if e.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
-            raise StoreError(f"{what} at {path} is a symlink: refused (a store holds regular files only)") from None
+            raise NotARegularFile(f"{what} at {path} is a symlink: refused (a store holds regular files only)") from None
         raise StoreError(f"cannot read {what} at {path}: {e.strerror}") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise StoreError(f"{what} at {path} is not a regular file (mode {stat.filemode(st.st_mode)}): refused; "
-                         "remove it from the store")
+        raise NotARegularFile(f"{what} at {path} is not a regular file (mode {stat.filemode(st.st_mode)}): refused; "
+                              "remove it from the store")
     os.set_blocking(fd, True)
     return open(fd, "rb")
 

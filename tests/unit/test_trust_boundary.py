@@ -1,0 +1,393 @@
+"""The trust boundary: hostile bytes from a store, and hostile files planted beside a root (a node's
+hostPath is writable by every pod on it). Each case here hung, activated the wrong artifact, ran
+code, or deleted the wrong thing before warmer parsed its inputs once at the boundary."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from tests.conftest import REPO, make_cache_tree, run_warmer, tiny_recipe, write_tiny_recipe
+from warmer import archive, build, catalog, fetch, flashinfer_jit, restore
+from warmer.artifact import canonical
+from warmer.envfile import EnvFile
+from warmer.recipe import parse
+from warmer.store import open_store
+from tests.unit.test_signing import _keypair
+
+
+@contextmanager
+def deadline(seconds: float):
+    """Fail instead of hanging: SIGALRM interrupts a blocked open() or read()."""
+    def expired(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s: a hang")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _publish(packed, tmp_path, name="a", key_pair=None, **kw):
+    p = packed(name, **kw)
+    store = open_store(f"file://{tmp_path / 'store'}")
+    result = build.publish(store, p.path, str(key_pair[0]) if key_pair else None)
+    return store, p, result
+
+
+def _entry_path(store, recipe: str, key: str) -> Path:
+    return Path(store.base) / "index" / recipe / f"{key}.json"
+
+
+def _blob_path(store, sha: str) -> Path:
+    return Path(store.base) / "blobs" / "sha256" / sha[:2] / f"{sha}.tar.zst"
+
+
+# -- 1. hangs ------------------------------------------------------------------------------------
+
+def _archive_with_first_header(header: bytes, tmp_path: Path) -> Path:
+    path = tmp_path / "neg.tar.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(header + bytes(4096)))
+    return path
+
+
+def _header_with_size_field(size_field: bytes) -> bytes:
+    info = tarfile.TarInfo(archive.MANIFEST_MEMBER)
+    info.size = 10
+    block = bytearray(info.tobuf(format=tarfile.USTAR_FORMAT))
+    block[archive.H_SIZE] = size_field
+    block[archive.H_CHKSUM] = b" " * 8
+    block[148:155] = b"%06o\0" % sum(block)
+    return bytes(block)
+
+
+@pytest.mark.parametrize("how", ["pax size=-1", "base-256 negative"])
+def test_a_member_with_a_negative_size_is_refused_not_read_forever(tmp_path, how):
+    if how == "pax size=-1":
+        info = tarfile.TarInfo(archive.MANIFEST_MEMBER)
+        info.size = 10
+        info.pax_headers = {"size": "-1"}
+        header = info.tobuf(format=tarfile.PAX_FORMAT)
+    else:
+        header = _header_with_size_field(b"\xff" * 12)  # base-256 for -1
+    path = _archive_with_first_header(header, tmp_path)
+    with deadline(20), open(path, "rb") as f, pytest.raises(archive.ArchiveError, match="size"):
+        archive.read_manifest(f)
+    with deadline(20), pytest.raises(restore.RestoreError, match="size"):
+        restore.restore_file(path, tmp_path / "root")
+
+
+def test_a_store_writer_without_the_key_cannot_hang_a_signed_fetch(packed, tmp_path):
+    """The blob replaced by an archive whose manifest member has a negative size: the signed entry
+    still verifies, so the bytes are read, and refused, not looped on while holding the lock."""
+    keys = _keypair(tmp_path, "builder")
+    store, p, published = _publish(packed, tmp_path, key_pair=keys)
+    info = tarfile.TarInfo(archive.MANIFEST_MEMBER)
+    info.pax_headers = {"size": "-1"}
+    _blob_path(store, published.blob).write_bytes(zstandard.ZstdCompressor().compress(
+        info.tobuf(format=tarfile.PAX_FORMAT) + bytes(4096)))
+    with deadline(60):
+        got = fetch.fetch(tiny_recipe(), store, tmp_path / "node", trusted_keys=[keys[1]])
+    assert got.status == "error" and any("size" in w for w in got.warnings), got.warnings
+    assert restore.active(tmp_path / "node") is None
+
+
+@pytest.mark.parametrize("what", ["index entry", "blob"])
+def test_a_fifo_in_a_file_store_is_refused(packed, tmp_path, what):
+    store, p, published = _publish(packed, tmp_path)
+    target = _entry_path(store, "tiny", p.artifact.key) if what == "index entry" else _blob_path(store, published.blob)
+    target.unlink()
+    os.mkfifo(target)
+    with deadline(30):
+        got = fetch.fetch(tiny_recipe(), store, tmp_path / "node")
+    assert not got.hit and any("not a regular file" in w for w in got.warnings), got.warnings
+
+
+def test_a_fifo_planted_at_the_lock_is_refused(packed, tmp_path):
+    p = packed("a")
+    root = tmp_path / "node" / "root"
+    root.parent.mkdir()
+    os.mkfifo(restore.lock_path(root))
+    with deadline(20), pytest.raises(restore.RestoreError, match="not a regular file"):
+        restore.restore_file(p.path, root)
+
+
+def test_a_lock_held_by_another_process_times_out_naming_it(packed, tmp_path):
+    p = packed("a")
+    root = tmp_path / "node" / "root"
+    root.parent.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_SH); "
+                               "print('held', flush=True); sys.stdin.read()", str(restore.lock_path(root))],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"  # the shared lock is taken: synchronised by the pipe
+        with deadline(30), pytest.raises(restore.RestoreError, match=f"held after 1 s by pid {holder.pid}"):
+            restore.restore_file(p.path, root, lock_timeout=1)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert restore.restore_file(p.path, root).status == "restored"  # released: the next restore goes through
+
+
+# -- 2. signatures bound to what was asked for ---------------------------------------------------
+
+def _other_recipe(name="other"):
+    return parse({"name": name, "model": {"path": "/models/tiny"}, "engine": {"max_model_len": 128},
+                  "env": {"VLLM_USE_AOT_COMPILE": "0"},
+                  "workload": {"prompt_lengths": [8], "batch_sizes": [1], "max_tokens": 4}}, Path(f"{name}.toml"))
+
+
+def test_a_signed_entry_copied_into_another_recipes_slot_is_refused(packed, tmp_path):
+    keys = _keypair(tmp_path, "builder")
+    store, p, _ = _publish(packed, tmp_path, key_pair=keys)
+    other = _other_recipe()
+    other_key = packed("o", recipe=other).artifact.key
+    slot = _entry_path(store, "other", other_key)
+    slot.parent.mkdir(parents=True)
+    slot.write_bytes(_entry_path(store, "tiny", p.artifact.key).read_bytes())
+    got = fetch.fetch(other, store, tmp_path / "node", trusted_keys=[keys[1]])
+    assert got.status == "untrusted" and any("copied into another slot" in w for w in got.warnings), got.warnings
+    assert restore.active(tmp_path / "node") is None
+
+
+def test_a_signed_entry_copied_into_another_keys_slot_is_refused(packed, tmp_path):
+    keys = _keypair(tmp_path, "builder")
+    from tests.fixtures import nodes
+    h200 = packed("h200", fp=nodes.gpu_node("h200"))  # the same recipe, another node kind: another key
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, h200.path, str(keys[0]))
+    here_key = packed("here").artifact.key  # this node's key, never published
+    slot = _entry_path(store, "tiny", here_key)
+    slot.write_bytes(_entry_path(store, "tiny", h200.artifact.key).read_bytes())
+    got = fetch.fetch(tiny_recipe(), store, tmp_path / "node", trusted_keys=[keys[1]])
+    assert got.status == "untrusted" and any("copied into another slot" in w for w in got.warnings)
+
+
+def _older_copy(p, tmp_path: Path, created_at: str) -> Path:
+    """The same artifact, re-dated: an earlier build of the same key."""
+    doc = p.artifact.to_json()
+    doc["created_at"] = created_at
+    doc["timings"] = {"build": {"name": "old"}}
+    path = tmp_path / "old.tar.zst"
+    path.write_bytes(p.path.read_bytes())
+    archive.replace_manifest(path, canonical(doc))
+    return path
+
+
+def test_a_rollback_to_an_older_signed_build_of_the_same_key_is_refused(packed, tmp_path):
+    keys = _keypair(tmp_path, "builder")
+    store, p, _ = _publish(packed, tmp_path, key_pair=keys)
+    old_store = open_store(f"file://{tmp_path / 'old-store'}")
+    build.publish(old_store, _older_copy(p, tmp_path, "2020-01-01T00:00:00+00:00"), str(keys[0]))
+    node = tmp_path / "node"
+    assert fetch.fetch(tiny_recipe(), store, node, trusted_keys=[keys[1]]).status == "hit"
+    # A store writer puts the older signed entry (and its blob) back into the slot.
+    got = fetch.fetch(tiny_recipe(), old_store, node, trusted_keys=[keys[1]])
+    assert got.status == "rollback" and any("older than the signed one active" in w for w in got.warnings)
+    assert restore.active(node).artifact.timings["build"]["name"] == "a"
+
+
+# -- 3. the env file cannot run code -------------------------------------------------------------
+
+def test_env_values_are_quoted_and_bad_names_refused(tmp_path):
+    hostile = {"A": "$(touch {p})", "B": "x; touch {p}", "C": "`touch {p}`"}
+    proof = tmp_path / "proof"
+    env = EnvFile.of({k: v.format(p=proof) for k, v in hostile.items()})
+    for fmt in ("dotenv", "shell"):
+        f = tmp_path / f"env.{fmt}"
+        f.write_text(env.render(fmt))
+        out = subprocess.run(["sh", "-c", f'set -a; . "{f}"; set +a; printf %s "$A|$B|$C"'], capture_output=True,
+                             text=True)
+        assert out.returncode == 0 and not proof.exists(), fmt
+        assert out.stdout == "|".join(v.format(p=proof) for v in hostile.values())
+        assert EnvFile.parse(f.read_text()).vars == env.vars
+    for bad in ("X=1; touch /tmp/p; Y", "A\nB", "1A", ""):
+        with pytest.raises(Exception, match="not a valid variable name"):
+            EnvFile.of({bad: "1"})
+    with pytest.raises(Exception, match="NUL"):
+        EnvFile.of({"A": "x\0y"})
+    with pytest.raises(Exception, match="use --env-format shell"):
+        EnvFile.of({"A": "it's\nmultiline"}).render("dotenv")
+
+
+# -- 4. planted files beside the root ------------------------------------------------------------
+
+def test_a_planted_staging_symlink_never_becomes_the_root(packed, tmp_path):
+    p = packed("a")
+    base = tmp_path / "node"
+    evil = tmp_path / "evil"
+    make_cache_tree(evil)
+    (evil / restore.MARKER).write_text("{}")
+    base.mkdir()
+    planted = base / ".root.staging-0123.old"
+    os.symlink(evil, planted)
+    restore.restore_file(p.path, base / "root")
+    assert not (base / "root").is_symlink() and restore.active(base / "root").artifact.id == p.artifact.id
+    assert planted.is_symlink() and (evil / restore.MARKER).read_text() == "{}"  # left alone, not followed
+
+
+def test_a_symlink_at_the_lock_is_refused_and_creates_nothing(packed, tmp_path):
+    p = packed("a")
+    root = tmp_path / "node" / "root"
+    root.parent.mkdir()
+    target = tmp_path / "elsewhere" / "created-by-warmer"
+    target.parent.mkdir()
+    os.symlink(target, restore.lock_path(root))
+    with pytest.raises(restore.RestoreError, match="symbolic link"):
+        restore.restore_file(p.path, root)
+    assert not target.exists()
+
+
+# -- 5. back-dating stays inside the root ---------------------------------------------------------
+
+def test_backdate_changes_nothing_outside_the_root(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    module = root / "flashinfer" / ".cache" / "flashinfer" / "0.7" / "90a" / "cached_ops" / "m"
+    module.mkdir(parents=True)
+    (module / "m.so").write_bytes(b"so")
+    os.utime(module / "m.so", ns=(10**18, 10**18))
+    inside, outside = module / "gen.cu", tmp_path / "system" / "header.h"
+    outside.parent.mkdir()
+    for f in (inside, outside):
+        f.write_text("x")
+        os.utime(f, ns=(2 * 10**18, 2 * 10**18))
+    monkeypatch.setattr(flashinfer_jit, "newer_inputs", lambda r, env: [(str(inside), "m"), (str(outside), "m")])
+    monkeypatch.setattr(flashinfer_jit, "modules_by_name", lambda r: {"m": module})
+    result = flashinfer_jit.backdate(root, {}, apply=True, include_site_packages=True)
+    assert result["files"] == [str(inside)] and result["held_back_outside_root"] == [str(outside)]
+    assert inside.stat().st_mtime_ns < 10**18 and outside.stat().st_mtime_ns == 2 * 10**18
+
+
+# -- 6. a newer entry is a miss, not a failed pod -------------------------------------------------
+
+def test_a_newer_index_entry_is_a_miss_with_an_env_file(packed, tmp_path):
+    store, p, _ = _publish(packed, tmp_path)
+    path = _entry_path(store, "tiny", p.artifact.key)
+    entry = json.loads(path.read_text())
+    entry["schema"] = 2
+    path.write_text(json.dumps(entry))
+    recipe, env_file = write_tiny_recipe(tmp_path / "tiny.toml"), tmp_path / "vllm.env"
+    args = ["fetch", recipe, "--store", store.url, "--root", tmp_path / "node", "--env-file", env_file]
+    out = run_warmer(*args)
+    assert out.returncode == 0 and "schema 2" in out.stderr and "Traceback" not in out.stderr
+    assert "VLLM_CACHE_ROOT=" in env_file.read_text()
+    assert run_warmer(*args, "--require").returncode == 3
+
+
+# -- 7. gc goes by where an entry is, not by what it says --------------------------------------------
+
+def test_a_copied_entry_cannot_make_gc_delete_the_real_newest(packed, tmp_path):
+    store, p, published = _publish(packed, tmp_path)
+    from tests.fixtures import nodes
+    h200 = packed("h200", fp=nodes.gpu_node("h200"))
+    build.publish(store, h200.path)
+    planted = _entry_path(store, "tiny", "e" * 64)
+    planted.write_bytes(_entry_path(store, "tiny", p.artifact.key).read_bytes())  # claims to be the real one
+    with pytest.raises(catalog.StoreError, match="unreadable"):
+        catalog.gc(store, 1)
+    assert _entry_path(store, "tiny", p.artifact.key).exists()  # nothing was deleted
+    listing = catalog.ls(store)
+    assert {r.key for r in listing.rows} == {p.artifact.key, h200.artifact.key}
+    assert [u.key for u in listing.unreadable] == ["e" * 64]
+    removed = catalog.rm(f"{store.url}/index/tiny/{'e' * 16}", yes=True)
+    assert removed.blob is None and not planted.exists()
+    assert catalog.gc(store, 1).kept_entries == 2  # one per machine kind
+
+
+# -- 8. publish reads the whole artifact; rm removes one -------------------------------------------
+
+def test_publish_refuses_a_truncated_artifact_and_rm_removes_one(packed, tmp_path):
+    p = packed("a", extra={"inductor/big.so": os.urandom(2 << 20)})
+    truncated = tmp_path / "truncated.tar.zst"
+    truncated.write_bytes(p.path.read_bytes()[:-100_000])
+    store = open_store(f"file://{tmp_path / 'store'}")
+    with pytest.raises(build.BuildError, match="not publishing"):
+        build.publish(store, truncated)
+    assert not (Path(store.base) / "index").exists() and not (Path(store.base) / "blobs").exists()
+    published = build.publish(store, p.path)
+    url = f"{store.url}/index/tiny/{p.artifact.key[:12]}"
+    dry = run_warmer("rm", url)
+    assert dry.returncode == 2 and "--yes" in dry.stderr and _entry_path(store, "tiny", p.artifact.key).exists()
+    out = run_warmer("rm", url, "--yes", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["blob_deleted"] and not _blob_path(store, published.blob).exists()
+    [audit] = (Path(store.base) / "audit").iterdir()
+    record = json.loads(audit.read_text())
+    assert record["action"] == "rm" and record["key"] == p.artifact.key and record["blob"] == published.blob
+
+
+# -- 9. roots warmer did not create, forged markers, oversized entries -------------------------------
+
+def test_restore_refuses_a_directory_warmer_did_not_create(packed, tmp_path):
+    p = packed("a")
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "precious.txt").write_text("mine")
+    with pytest.raises(restore.RestoreError, match="--force"):
+        restore.restore_file(p.path, root)
+    assert (root / "precious.txt").read_text() == "mine"
+    out = run_warmer("restore", p.path, "--root", root)
+    assert out.returncode == 1 and "--force" in out.stderr
+    assert run_warmer("restore", p.path, "--root", root, "--force").returncode == 0
+    assert not (root / "precious.txt").exists()
+
+
+def test_a_forged_marker_is_not_trusted_with_trusted_keys(packed, tmp_path):
+    keys = _keypair(tmp_path, "builder")
+    store, p, _ = _publish(packed, tmp_path, key_pair=keys)
+    node = tmp_path / "node"
+    assert fetch.fetch(tiny_recipe(), store, node, trusted_keys=[keys[1]]).status == "hit"
+    marker = restore.active(node)
+    # A pod rewrites a cached file and the marker, without the signature (it has no key).
+    rel = next(r for r in p.files if r.endswith(".so"))
+    (node / rel).write_bytes(b"evil")
+    (node / restore.MARKER).write_bytes(restore.Marker(marker.artifact, marker.archive_sha256, marker.restored_at,
+                                                       None).to_bytes())
+    got = fetch.fetch(tiny_recipe(), store, node, trusted_keys=[keys[1]])
+    assert got.status == "hit"  # restored again, not taken as already active
+    assert (node / rel).read_bytes() == p.files[rel]
+
+
+def test_an_oversized_or_deeply_nested_entry_is_refused_cheaply(packed, tmp_path):
+    store, p, _ = _publish(packed, tmp_path)
+    path = _entry_path(store, "tiny", p.artifact.key)
+    path.write_bytes(b"[" * 200_000 + b"]" * 200_000)
+    got = fetch.fetch(tiny_recipe(), store, tmp_path / "n1")
+    assert got.status == "untrusted" and any("nests" in w for w in got.warnings), got.warnings
+    with open(path, "wb") as f:
+        f.truncate(70 << 20)  # 70 MB of zeros: over the cap
+    got = fetch.fetch(tiny_recipe(), store, tmp_path / "n2")
+    assert not got.hit and any("larger than" in w for w in got.warnings), got.warnings
+
+
+def test_ctrl_c_in_fetch_exits_130_without_a_traceback(packed, tmp_path):
+    store, p, _ = _publish(packed, tmp_path)
+    root = tmp_path / "node" / "root"
+    root.parent.mkdir()
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    with open(restore.lock_path(root), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held here: the fetch waits for it
+        proc = subprocess.Popen([sys.executable, "-m", "warmer", "fetch", str(recipe), "--store", store.url,
+                                 "--root", str(root)], cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+        for line in proc.stderr:  # synchronised on what it prints when it starts to wait
+            if "waiting up to" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=30) == 130
+    assert "interrupted" in rest and "Traceback" not in rest

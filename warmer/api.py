@@ -1,0 +1,184 @@
+"""warmer's Python API: what the CLI calls, for release pipelines and tools that bake images.
+
+Every function takes plain arguments (paths, URLs, a recipe file or a Recipe) and returns a
+frozen result type with `to_json()`; every error it raises on purpose is a
+`warmer.errors.WarmerError` (UsageError, StoreError, UntrustedInput, ...) whose message says
+what is wrong and what to do.
+
+    from warmer import api
+    got = api.fetch("manifests/models/llama-3.1-8b-h200.toml", store="s3://bucket/warmer",
+                    root="/cache/llama-3.1-8b-h200", gpus_from="fingerprints/h200.json")
+    if not got.hit:
+        raise SystemExit(f"no warm cache: {got.warnings}")
+    api.write_env(got.env, "/etc/warmer/vllm.env", "shell")
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from warmer import build as _build, catalog, doctor as _doctor, explain as _explain
+from warmer import fetch as _fetch, fingerprint as _fingerprint, flashinfer_jit, restore as _restore
+from warmer import serving, signing, verify as _verify
+from warmer.artifact import Artifact
+from warmer.atomic import write_bytes
+from warmer.entry import IndexEntry
+from warmer.envfile import EnvFile
+from warmer.errors import UsageError
+from warmer.recipe import Recipe, load
+from warmer.store import Store, open_store
+
+PathLike = str | os.PathLike
+
+
+def recipe(source: PathLike | Recipe) -> Recipe:
+    return source if isinstance(source, Recipe) else load(source)
+
+
+def store(url: str | Store, **options) -> Store:
+    """options: endpoint_url, path_style, progress (s3://), insecure_registry (oci://)."""
+    return url if isinstance(url, Store) else open_store(url, **{k: v for k, v in options.items() if v is not None})
+
+
+def fingerprint(*, root: PathLike | None = None, recipe_file: PathLike | None = None) -> _fingerprint.Fingerprint:
+    return _fingerprint.probe(root=os.path.abspath(root) if root else None,
+                              model=load(recipe_file).model if recipe_file else None)
+
+
+def explain(recipe_file: PathLike | Recipe, store_url: str | Store, **store_options) -> _explain.Explanation:
+    r = recipe(recipe_file)
+    return _explain.explain(store(store_url, **store_options), r, _fingerprint.probe(model=r.model))
+
+
+def build(recipe_file: PathLike | Recipe, store_url: str | Store, root: PathLike, *, workdir: PathLike | None = None,
+          allow_partial: bool = False, sign_key: PathLike | None = None, **store_options) -> _build.BuildResult:
+    work = Path(workdir).absolute() if workdir else Path(tempfile.mkdtemp(prefix="warmer-"))
+    return _build.build(recipe(recipe_file), store(store_url, **store_options), Path(root), work,
+                        allow_partial=allow_partial, sign_key=sign_key)
+
+
+@dataclass(frozen=True)
+class Packed:
+    artifact: str
+    key: str
+    files: int
+    bytes: int
+    archive_bytes: int
+
+    def to_json(self) -> dict:
+        return vars(self).copy()
+
+
+def pack(root: PathLike, recipe_file: PathLike | Recipe, output: PathLike, *, level: int = 3) -> Packed:
+    art = _build.pack_root(Path(root), recipe(recipe_file), Path(output), level=level)
+    return Packed(str(output), art.key, len(art.files), art.total_bytes, os.path.getsize(output))
+
+
+def publish(artifact_file: PathLike, store_url: str | Store, *, sign_key: PathLike | None = None,
+            **store_options) -> _build.PublishResult:
+    return _build.publish(store(store_url, **store_options), Path(artifact_file), sign_key)
+
+
+def fetch(recipe_file: PathLike | Recipe, store_url: str | Store, root: PathLike, *, gpus_from: PathLike | None = None,
+          trusted_keys=(), max_bytes: int = _restore.DEFAULT_MAX_BYTES, offline: bool = False,
+          lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT, **store_options) -> _fetch.FetchResult:
+    """A miss, an unreachable store or a bad artifact is a result (status), not an exception."""
+    gpus = _fingerprint.saved_gpus(gpus_from) if gpus_from else None
+    return _fetch.fetch(recipe(recipe_file), store_url, Path(root), max_bytes=max_bytes,
+                        trusted_keys=tuple(trusted_keys), gpus=gpus, offline=offline, lock_timeout=lock_timeout,
+                        store_options={k: v for k, v in store_options.items() if v is not None})
+
+
+def restore(artifact_file: PathLike, root: PathLike, *, trusted_keys=(), signature_file: PathLike | None = None,
+            max_bytes: int = _restore.DEFAULT_MAX_BYTES, force: bool = False,
+            lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT) -> _restore.RestoreResult:
+    signature = signing.read_sidecar(Path(signature_file)) if signature_file else None
+    if signature_file and signature is None:
+        raise UsageError(f"signature file {signature_file} does not exist")
+    return _restore.restore_file(Path(artifact_file), Path(root), max_bytes=max_bytes, trusted_keys=tuple(trusted_keys),
+                                 signature=signature, force=force, lock_timeout=lock_timeout)
+
+
+def serving_env(recipe_file: PathLike | Recipe, root: PathLike, *, offline: bool = False) -> EnvFile:
+    """The env vLLM must start with to use root, for the artifact active there."""
+    r, root = recipe(recipe_file), Path(os.path.abspath(root))
+    marker = _restore.active(root)
+    return serving.vllm_env(r, root, files=[f.path for f in marker.artifact.files] if marker else None,
+                            offline=offline)
+
+
+def write_env(env: EnvFile, path: PathLike, fmt: str = "dotenv") -> None:
+    write_bytes(path, env.render(fmt).encode())
+
+
+def verify(recipe_file: PathLike | Recipe, root: PathLike, *, workdir: PathLike | None = None) -> _verify.VerifyResult:
+    root = Path(os.path.abspath(root))
+    marker = _restore.active(root)
+    cold = marker.artifact.timings.get("build") if marker else None
+    work = Path(workdir).absolute() if workdir else Path(tempfile.mkdtemp(prefix="warmer-"))
+    return _verify.verify(recipe(recipe_file), root, work, cold=cold)
+
+
+@dataclass(frozen=True)
+class Inspection:
+    artifact: Artifact
+    entry: IndexEntry | None = None
+
+    def summary(self) -> dict:
+        a = self.artifact
+        out = {"key": a.key, "recipe": a.recipe.to_json(), "path_contract": a.path_contract.to_json(),
+               "components": {n: c.to_json() for n, c in a.components.items()}, "timings": a.timings,
+               "created_at": a.created_at}
+        if a.vllm:
+            out["vllm"] = {"version": a.vllm.version, "config_hash": a.vllm.config_hash,
+                           "cache_dirs": list(a.vllm.cache_dirs)}
+        if self.entry:
+            out.update(blob=vars(self.entry.blob).copy(), published_at=self.entry.published_at.isoformat(),
+                       signed=self.entry.signature is not None)
+        return out
+
+
+def inspect(file_or_url: str, **store_options) -> Inspection:
+    """artifact.json of an artifact file, or of a published artifact (STORE/index/RECIPE/KEY)."""
+    if "://" in file_or_url:
+        entry = catalog.read_entry(file_or_url, **{k: v for k, v in store_options.items() if v is not None})
+        return Inspection(entry.artifact, entry)
+    return Inspection(_restore.read_artifact_file(Path(file_or_url)))
+
+
+def ls(store_url: str | Store, recipe_name: str | None = None, **store_options) -> catalog.Listing:
+    return catalog.ls(store(store_url, **store_options), recipe_name)
+
+
+def gc(store_url: str | Store, keep: int, *, older_than_days: float | None = None, dry_run: bool = False,
+       **store_options) -> catalog.Collection:
+    return catalog.gc(store(store_url, **store_options), keep, older_than_days=older_than_days, dry_run=dry_run)
+
+
+def rm(entry_url: str, *, yes: bool = False, **store_options) -> catalog.Removal:
+    return catalog.rm(entry_url, yes=yes, **{k: v for k, v in store_options.items() if v is not None})
+
+
+def doctor(*, root: PathLike | None = None, recipe_file: PathLike | None = None, env_file: PathLike | None = None,
+           pid: int | None = None, mountinfo: PathLike | None = None) -> _doctor.Diagnosis:
+    return _doctor.diagnose_here(root=str(root) if root else None, recipe=load(recipe_file) if recipe_file else None,
+                                 env_file=str(env_file) if env_file else None, pid=pid,
+                                 mountinfo_file=str(mountinfo) if mountinfo else None)
+
+
+def flashinfer_check(root: PathLike, *, recipe_file: PathLike | None = None, backdate: bool = False,
+                     include_site_packages: bool = False) -> dict:
+    root = Path(os.path.abspath(root))
+    env = serving.environ_for_vllm(load(recipe_file), root) if recipe_file else \
+        {**os.environ, **serving.components.cache_env(root)}
+    marker = _restore.active(root)
+    built = marker.artifact.path_contract.flashinfer if marker else None
+    return flashinfer_jit.report(root, env, built, backdate_inputs=backdate, include_site_packages=include_site_packages)
+
+
+__all__ = ["Inspection", "Packed", "build", "doctor", "explain", "fetch", "fingerprint", "flashinfer_check", "gc",
+           "inspect", "ls", "pack", "publish", "recipe", "restore", "rm", "serving_env", "store", "verify",
+           "write_env"]

@@ -1,0 +1,40 @@
+"""Write a file so that readers see the old one or the new one, never a part.
+
+The temporary file beside the target gets a unique name (uuid), as huggingface_hub's
+_download_to_tmp_and_move does: two writers of one path, or a planted `NAME.tmp`, never meet.
+Leaf module.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+
+def temp_beside(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+
+
+@contextmanager
+def atomic_write(path: str | os.PathLike, mode: int = 0o644) -> Iterator[BinaryIO]:
+    """Open a new file beside path for writing; on success it replaces path (fsync, then rename)."""
+    path = Path(path)
+    tmp = temp_beside(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        with open(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
+    with atomic_write(path, mode) as f:
+        f.write(data)

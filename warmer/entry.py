@@ -1,0 +1,101 @@
+"""A store's index entry: which blob holds an artifact, its artifact.json, its signature.
+
+    {"schema": 1, "recipe": NAME, "key": KEY, "blob": {"sha256", "size"},
+     "artifact": artifact.json, "signature": null | {"alg", "key_id", "signature"},
+     "published_at": ISO 8601}
+
+An entry comes from a store anyone with write access to it may have changed, so read() is the
+boundary: it caps the size and depth, checks the signature over artifact.json before anything
+else in the entry is interpreted, and binds what it read to where it was found. artifact.json
+names its recipe and key, and the signature covers them, so a signed entry copied into another
+recipe's or key's slot is refused, not activated.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from warmer import signing
+from warmer.artifact import Artifact, ArtifactError, canonical
+from warmer.store import HEX64, MAX_INDEX_BYTES
+from warmer.untrusted import Fields, InvalidDocument, load_json
+
+SCHEMA_VERSION = 1
+
+
+class EntryError(InvalidDocument):
+    """An index entry that is malformed or not bound to where it was found."""
+
+
+class EntrySchemaError(EntryError):
+    """An index entry of a schema this warmer does not read (published by another warmer version)."""
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    recipe: str
+    key: str
+    blob: BlobRef
+    artifact: Artifact
+    signature: signing.Signature | None
+    published_at: datetime      # timezone-aware
+    signed_by: str | None = None  # the trusted key that verified it, when read() was given keys
+
+    @classmethod
+    def new(cls, artifact: Artifact, blob: BlobRef, signature: signing.Signature | None) -> "IndexEntry":
+        return cls(artifact.recipe.name, artifact.key, blob, artifact, signature,
+                   datetime.now(timezone.utc).replace(microsecond=0))
+
+    def to_bytes(self) -> bytes:
+        doc = {"schema": SCHEMA_VERSION, "recipe": self.recipe, "key": self.key,
+               "blob": {"sha256": self.blob.sha256, "size": self.blob.size}, "artifact": self.artifact.to_json(),
+               "signature": self.signature.to_json() if self.signature else None,
+               "published_at": self.published_at.isoformat(timespec="seconds")}
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def read(cls, data: bytes, recipe: str, key: str, trusted_keys=()) -> "IndexEntry":
+        """The entry found at index/RECIPE/KEY; EntryError (or signing.SignatureError) if it is not one.
+
+        With trusted_keys, the signature is checked over artifact.json's bytes first."""
+        where = f"index entry {recipe}/{key[:16]}"
+        doc = load_json(data, what=where, max_bytes=MAX_INDEX_BYTES)
+        f = Fields(doc, where)
+        schema = f.int("schema") if f.has("schema") else None
+        if schema != SCHEMA_VERSION:
+            raise EntrySchemaError(f"{where} has schema {schema}, this warmer reads {SCHEMA_VERSION}: it was published by "
+                             "another warmer version; fetch with that version or rebuild with this one")
+        art_doc = f.obj("artifact").doc
+        signature = signing.Signature.from_json(f.raw("signature"), f"{where}.signature")
+        signed_by = signing.verify(canonical(art_doc), signature, list(trusted_keys)) if trusted_keys else None
+        try:
+            art = Artifact.from_json(art_doc, f"{where}.artifact")
+        except ArtifactError as e:
+            raise EntryError(str(e)) from None
+        found = (f.str("recipe", max_len=100), f.str("key", max_len=64), art.recipe.name, art.key)
+        if found != (recipe, key, recipe, key):
+            raise EntryError(f"{where} holds the artifact of recipe {art.recipe.name} key {art.key[:16]}, not "
+                             f"{recipe} {key[:16]}: an entry copied into another slot; refused (remove it with "
+                             "`warmer rm`)")
+        b = f.obj("blob")
+        sha = b.str("sha256", max_len=64)
+        if not HEX64.match(sha):
+            raise EntryError(f"{where}.blob.sha256 must be 64 lower-case hex digits")
+        return cls(recipe, key, BlobRef(sha, b.int("size", low=0)), art, signature,
+                   _timestamp(f.str("published_at", max_len=64), f"{where}.published_at"), signed_by)
+
+
+def _timestamp(text: str, where: str) -> datetime:
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise EntryError(f"{where} is not an ISO 8601 time: {text[:40]!r}") from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)

@@ -1,0 +1,122 @@
+"""The env file vLLM starts with: written by fetch and restore, read back by doctor and serve.
+
+Two formats:
+    shell   `export KEY='value'`: sourced by sh (`set -a; . FILE; set +a`), any value
+    dotenv  KEY=value, or KEY='value' when the value needs quoting: read alike by sh, systemd's
+            EnvironmentFile and docker compose (`docker run --env-file` keeps quotes literally)
+
+A Deployment sources this file, so what goes in is checked like untrusted input: names are
+identifiers, values hold no NUL, and a value is quoted whenever it holds anything but plain
+characters, so that `$(...)` or a `;` can never run. Leaf module.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping
+
+from warmer.errors import UsageError
+from warmer.untrusted import InvalidDocument
+
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PLAIN = re.compile(r"^[A-Za-z0-9_./:,@%+=-]*$")  # nothing sh would expand or split
+FORMATS = ("dotenv", "shell")
+MAX_BYTES = 1 << 20
+
+
+class EnvFileError(InvalidDocument):
+    """An env file that cannot be written or read as one."""
+
+
+def check_name(name: str, where: str = "env") -> str:
+    if not NAME.match(name):
+        raise EnvFileError(f"{where}: {name!r} is not a valid variable name (letters, digits and '_', not "
+                           "starting with a digit); it would become a shell command where the file is sourced")
+    return name
+
+
+def check_value(name: str, value: str, where: str = "env") -> str:
+    if not isinstance(value, str) or "\0" in value:
+        raise EnvFileError(f"{where}: {name} holds a NUL byte or is not a string; refused")
+    return value
+
+
+@dataclass(frozen=True)
+class EnvFile:
+    """Variables in order; every name and value already checked."""
+    vars: dict[str, str] = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def of(cls, env: Mapping[str, str], where: str = "env") -> "EnvFile":
+        return cls({check_name(k, where): check_value(k, v, where) for k, v in env.items()})
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.vars)
+
+    def items(self):
+        return self.vars.items()
+
+    def get(self, name: str, default=None):
+        return self.vars.get(name, default)
+
+    def __getitem__(self, name: str) -> str:
+        return self.vars[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.vars
+
+    def __len__(self) -> int:
+        return len(self.vars)
+
+    def merged(self, other: Mapping[str, str]) -> "EnvFile":
+        return EnvFile.of({**self.vars, **dict(other)})
+
+    def render(self, fmt: str) -> str:
+        if fmt not in FORMATS:
+            raise UsageError(f"env format {fmt!r}: use one of {', '.join(FORMATS)}")
+        lines = []
+        for k, v in self.vars.items():
+            if fmt == "shell":
+                lines.append(f"export {k}={shlex.quote(v)}")
+            elif PLAIN.match(v):
+                lines.append(f"{k}={v}")
+            elif "'" in v or "\n" in v:
+                raise EnvFileError(f"env {k} holds a quote or a newline, which a dotenv file cannot carry safely: "
+                                   "use --env-format shell")
+            else:
+                lines.append(f"{k}='{v}'")
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def parse(cls, text: str, where: str = "env file") -> "EnvFile":
+        """Either format, as written above; comments and blank lines are skipped."""
+        if len(text) > MAX_BYTES:
+            raise EnvFileError(f"{where} is over {MAX_BYTES} bytes: not an env file warmer wrote")
+        env: dict[str, str] = {}
+        for n, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("export "):
+                body = line[len("export "):]
+            else:  # dotenv: a quoted value as sh reads it, an unquoted one literally (as docker does)
+                k, eq, v = line.partition("=")
+                body = line if v[:1] in ("'", '"') else None
+                if body is None:
+                    if not eq:
+                        raise EnvFileError(f"{where}:{n}: {line[:60]!r} is not KEY=VALUE")
+                    env[check_name(k.strip(), f"{where}:{n}")] = check_value(k, v, f"{where}:{n}")
+                    continue
+            try:
+                tokens = shlex.split(body, posix=True)
+            except ValueError as e:
+                raise EnvFileError(f"{where}:{n}: {e} (an unterminated quote?): fix or regenerate the file with "
+                                   "`warmer fetch --env-file`") from None
+            for token in tokens:
+                k, eq, v = token.partition("=")
+                if not eq:
+                    raise EnvFileError(f"{where}:{n}: {token!r} is not KEY=VALUE")
+                env[check_name(k, f"{where}:{n}")] = check_value(k, v, f"{where}:{n}")
+        return cls(env)

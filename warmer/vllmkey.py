@@ -1,0 +1,87 @@
+"""vLLM's own compile key, as recorded at build, and what a serving env would change in it.
+
+warmer's key says whether an artifact fits a node's hardware and libraries. Whether vLLM then
+hits inside it is decided by what vLLM hashes (DESIGN.md rule 7):
+- its env factors: vllm/envs.py compile_factors() hashes every env var vLLM knows (249 in
+  0.32) except an ignore list; the raw CUDA_HOME is one of them;
+- its config hash: VllmConfig.compute_hash() (model path and revision, scheduler sizes,
+  compilation config, kv-cache dtype, parallel sizes);
+- the folders those land in: vllm/torch_compile_cache/torch_aot_compile/<sha256> (the AOT key,
+  vllm/compilation/decorators.py) and vllm/torch_compile_cache/<10 hex> (VllmBackend,
+  vllm/compilation/backends.py, which writes cache_key_factors.json beside it).
+
+The warm-up child records the factors' raw values as the process started (before vLLM's own
+os.environ edits), so a node compares like with like: its env file plus its process env. When
+the artifact holds none of those folders (vLLM's CPU backend with AOT compile off keeps only
+Inductor's cache, which is keyed on the graph, not on vLLM's env), a factor that differs costs
+nothing, and the comparison says so. Node path: never imports vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from warmer.untrusted import Fields
+
+COMPILE_CACHE = "vllm/torch_compile_cache"
+
+
+@dataclass(frozen=True)
+class FactorDifference:
+    name: str
+    built: str | None
+    here: str | None
+    recompiles: bool    # vLLM's key is in use in the artifact, so this start compiles from cold
+
+    def line(self) -> str:
+        def show(v: str | None) -> str:
+            return "unset" if v is None else repr(v)
+        effect = ("this start recompiles" if self.recompiles else
+                  "but no cache in this artifact is keyed on vLLM's hash (AOT compile off): no recompile expected")
+        return f"{self.name}: build {show(self.built)}, here {show(self.here)}: vLLM hashes it, {effect}"
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "built": self.built, "here": self.here, "recompiles": self.recompiles}
+
+
+@dataclass(frozen=True)
+class VllmKey:
+    version: str | None
+    env: dict[str, str | None] = field(hash=False)  # factor name -> raw value at start (None: unset)
+    config_hash: str | None = None
+    cache_dirs: tuple[str, ...] = ()   # root-relative compile-cache folders vLLM's key named
+
+    @classmethod
+    def from_json(cls, f: Fields) -> "VllmKey":
+        return cls(version=f.opt_str("version", max_len=64), env=f.str_map("env", values_may_be_null=True),
+                   config_hash=f.opt_str("config_hash", max_len=128), cache_dirs=f.str_list("cache_dirs"))
+
+    def to_json(self) -> dict:
+        return {"version": self.version, "env": dict(self.env), "config_hash": self.config_hash,
+                "cache_dirs": list(self.cache_dirs)}
+
+    @property
+    def keyed(self) -> bool:
+        """Whether any cache in the artifact sits under a folder named by vLLM's hash."""
+        return bool(self.cache_dirs)
+
+    def differences(self, env: Mapping[str, str]) -> list[FactorDifference]:
+        """Every factor whose raw value in env (what vLLM will start with) differs from the build's."""
+        return [FactorDifference(name, built, env.get(name), self.keyed)
+                for name, built in sorted(self.env.items()) if env.get(name) != built]
+
+
+def cache_dirs(paths: list[str]) -> tuple[str, ...]:
+    """The compile-cache folders named by vLLM's key among root-relative file paths."""
+    found = set()
+    prefix = COMPILE_CACHE + "/"
+    for p in paths:
+        if not p.startswith(prefix):
+            continue
+        parts = p[len(prefix):].split("/")
+        if parts[0] == "torch_aot_compile" and len(parts) > 2:
+            found.add(f"{prefix}torch_aot_compile/{parts[1]}")
+        elif len(parts) > 1 and parts[0] != "torch_aot_compile":
+            found.add(prefix + parts[0])
+    return tuple(sorted(found))
