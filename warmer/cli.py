@@ -89,7 +89,9 @@ def _write_env(args, env) -> None:
 
 
 def cmd_fetch(args) -> int:
-    result = api.fetch(args.recipe, args.store, args.root, gpus_from=args.gpus_from, trusted_keys=args.trusted_key or (),
+    recipe = api.recipe(args.recipe)
+    _warn(recipe.notes)
+    result = api.fetch(recipe, args.store, args.root, gpus_from=args.gpus_from, trusted_keys=args.trusted_key or (),
                        max_bytes=args.max_bytes, offline=args.offline, lock_timeout=args.lock_timeout,
                        **_store_options(args))
     _warn(result.warnings)
@@ -161,6 +163,21 @@ def cmd_matrix(args) -> int:
         print(json.dumps(entries, indent=1))
     else:
         print(json.dumps(matrix.github(entries), separators=(",", ":")))
+    return EXIT_OK
+
+
+def cmd_serve(args) -> int:
+    plan = api.serve_plan(args.recipe, args.root, args.extra, env_file=args.env_file, offline=args.offline)
+    _warn(plan.warnings)
+    if args.dry_run:
+        _emit(args, plan, plan.shell().rstrip())
+        return EXIT_MISS if args.require_hit and plan.predicted_miss else EXIT_OK
+    if args.require_hit and plan.predicted_miss:
+        print("warmer: serve: refusing to start: vLLM would compile from cold (above); without --require-hit it "
+              "starts anyway", file=sys.stderr)
+        return EXIT_MISS
+    sys.stdout.flush()
+    api.serve(plan)  # does not return
     return EXIT_OK
 
 
@@ -321,6 +338,19 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--root-base", default=matrix.DEFAULT_ROOT_BASE,
                    help="each entry's root is ROOT_BASE/RECIPE (default /cache): build and serve at the same path")
 
+    c = cmd("serve", cmd_serve, "start vLLM exactly as warmed: the recipe's model and engine args as `vllm serve` "
+            "flags, the env for the root's artifact, and a check that vLLM's own compile key will hold")
+    recipe(c)
+    c.add_argument("--root", required=True, help="the root the artifact was fetched into")
+    c.add_argument("--env-file", help="an env file (warmer fetch --env-file) applied on top")
+    c.add_argument("--offline", action="store_true", help="forbid FlashInfer downloads (FLASHINFER_NO_DOWNLOAD=1)")
+    c.add_argument("--dry-run", action="store_true", help="print the env and the command, start nothing")
+    c.add_argument("--require-hit", action="store_true",
+                   help=f"exit {EXIT_MISS} instead of starting when vLLM would compile from cold (no artifact, or "
+                        "an env var or flag it hashes differs from the build)")
+    c.epilog = ("more `vllm serve` flags go after --, e.g. `warmer serve R --root D -- --port 8000`; engine args "
+                "there are not the warmed ones (a warning says so)\n\n" + EPILOG)
+
     c = cmd("doctor", cmd_doctor, "check a serving environment: where the caches land, FlashInfer's writable "
             "directories, env vLLM hashes into its compile key, the active artifact")
     c.add_argument("--root", help="the warmer root to check the active artifact of (default: found from "
@@ -337,7 +367,13 @@ def _terminated(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after a lone -- goes to vLLM as it is (warmer serve R --root D -- --port 8000).
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if extra and args.command != "serve":
+        parser().error(f"`-- {' '.join(extra)}`: only `warmer serve` passes flags on (to vLLM)")
+    args.extra = extra
     # SIGTERM becomes an exception in the main thread, so that what a command started (the vLLM
     # engine's process group, a staging directory) is cleaned up on the way out.
     signal.signal(signal.SIGTERM, _terminated)

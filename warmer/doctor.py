@@ -278,9 +278,14 @@ def _artifact(env, root: Path, marker: restore.Marker | None, recipe: Recipe | N
             out.append(Finding(ERROR, "artifact", var, f"{var} is {env.get(var)!r} here and was {want!r} at "
                                "build time: vLLM hashes its env, so the cache will miss",
                                f"start vLLM with the env file warmer wrote (it sets {var})"))
+    for var, want in sorted(art.serve_env.items()):
+        if env.get(var) != want:
+            out.append(Finding(ERROR, "artifact", var, f"{var} is {env.get(var)!r} here; the build served with "
+                               f"{var}={want} (it added it: see `warmer inspect`), so vLLM will compile from cold",
+                               "start vLLM with the env file warmer wrote, or with `warmer serve`"))
     if art.vllm:  # what vLLM itself hashed at build, against the env it will start with here
         for d in art.vllm.differences(env):
-            if d.name in built_env:
+            if d.name in built_env or d.name in art.serve_env:
                 continue  # said above
             out.append(Finding(ERROR if d.recompiles else INFO, "vllm-key", d.name, d.line(),
                                f"start vLLM with {d.name} as at build ({'unset' if d.built is None else repr(d.built)}),"

@@ -158,7 +158,7 @@ def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, 
                         f"signed one active in {root} (created {marker.artifact.created_at}) for the same key: "
                         "a rollback; remove the old entry from the store (`warmer rm`) if it is intended")
         return
-    env = serving.vllm_env(recipe, root, files=[f.path for f in art.files], offline=offline)
+    env = serving.artifact_env(recipe, root, art, offline=offline)
     out["env"] = env
     warnings += art.path_contract.warnings(root, recipe.model, [n for n, c in art.components.items() if not c.relocatable],
                                            {**serving_env, **env.vars})

@@ -93,6 +93,7 @@ class Recipe:
     targets: list[str] = field(default_factory=list)
     description: str = ""
     notes: tuple[str, ...] = ()     # warnings found while loading (e.g. an engine arg newer than the table)
+    offline: bool = False           # nodes serve without network: no FlashInfer downloads
 
     def identity(self) -> dict:
         return {"name": self.name, "model": self.model, "model_id": self.model_id,
@@ -448,7 +449,7 @@ def parse(doc: dict, source: Path, text: str | None = None) -> Recipe:
     return Recipe(name=doc["name"], source=source, model=path or model["id"], model_id=model.get("id"),
                   revision=model.get("revision"), engine=doc.get("engine", {}), env=dict(doc.get("env", {})),
                   workload=workload, targets=doc.get("targets", []), description=str(doc.get("description", "")),
-                  notes=notes)
+                  notes=notes, offline=bool(doc.get("offline", False)))
 
 
 _TOML_AT = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")

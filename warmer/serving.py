@@ -9,23 +9,28 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Mapping
 
-from warmer import components
+from warmer import components, restore
 from warmer.components import flashinfer
 from warmer.envfile import EnvFile
 from warmer.recipe import Recipe
+from warmer.vllmkey import FactorDifference
 
 
-def vllm_env(recipe: Recipe, root: Path, *, files: list[str] | None = None, offline: bool = False) -> EnvFile:
+def vllm_env(recipe: Recipe, root: Path, *, files: list[str] | None = None, offline: bool = False,
+             added: Mapping[str, str] | None = None) -> EnvFile:
     """The variables warmer sets for vLLM: caches under root, then the recipe's env.
 
     files: the artifact's file list, when one is restored (cubins it holds are pointed at);
     offline: forbid FlashInfer downloads (a cubin the warm-up never fetched is then an error
-    at serve time, not a download: only for nodes without network)."""
+    at serve time, not a download: only for nodes without network); added: what the build
+    added to the recipe's env (Artifact.serve_env)."""
     env = components.cache_env(root)
     # TMPDIR points under the root (for Inductor's precompiled headers), and vLLM's IPC sockets
     # would follow it: under a long root their paths overflow the 107-byte limit of a Unix
@@ -33,10 +38,16 @@ def vllm_env(recipe: Recipe, root: Path, *, files: list[str] | None = None, offl
     env["VLLM_RPC_BASE_PATH"] = "/tmp"
     if files:
         env.update(flashinfer.artifact_env(files, root))
-    if offline or getattr(recipe, "offline", False):
+    if offline or recipe.offline:
         env["FLASHINFER_NO_DOWNLOAD"] = "1"
     env.update(recipe.env)
+    env.update(added or {})
     return EnvFile.of(env, f"{recipe.source}: env")
+
+
+def artifact_env(recipe: Recipe, root: Path, art, *, offline: bool = False) -> EnvFile:
+    """vllm_env for an artifact restored in root (warmer.artifact.Artifact)."""
+    return vllm_env(recipe, root, files=[f.path for f in art.files], offline=offline, added=art.serve_env)
 
 
 def environ_for_vllm(recipe: Recipe, root: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -81,3 +92,79 @@ def command(recipe: Recipe, extra: list[str] = ()) -> list[str]:
     if has_vllm_cli():
         return ["vllm", "serve", recipe.model, *args]
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", recipe.model, *args]
+
+
+# Engine args that are not in vLLM's compile key (VllmConfig.compute_hash ignores them, or they
+# only name things): passing them to `warmer serve` changes nothing that was warmed.
+UNHASHED_ENGINE_ARGS = {"served_model_name", "tokenizer", "seed", "disable_log_stats", "enable_log_requests",
+                        "tokenizer_mode", "hf_token", "download_dir", "load_format"}
+
+
+def hashed_extra_flags(extra: list[str]) -> list[str]:
+    """The extra `vllm serve` flags that are engine args vLLM hashes into its compile key: they are not
+    what was warmed. Server flags (--port, --host, --uds, --api-key, ...) are fine."""
+    from warmer.recipe import ENGINE_ARGS
+
+    engine = set(ENGINE_ARGS.get("properties", {}))
+    out = []
+    for flag in extra:
+        if not flag.startswith("--"):
+            continue
+        name = flag[2:].split("=", 1)[0].replace("-", "_")
+        name = name[3:] if name.startswith("no_") and name[3:] in engine else name
+        if name in engine and name not in UNHASHED_ENGINE_ARGS:
+            out.append(flag.split("=", 1)[0])
+    return out
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """What `warmer serve` runs: the command, the env it adds, and whether vLLM's key will hold."""
+    command: tuple[str, ...]
+    env: EnvFile                      # what warmer sets (on top of the process env)
+    environ: dict[str, str] = field(hash=False, repr=False)   # the whole env vLLM starts with
+    active: str | None = None         # the key of the artifact active in the root
+    differences: tuple[FactorDifference, ...] = ()
+    hashed_extra: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def predicted_miss(self) -> bool:
+        return self.active is None or any(d.recompiles for d in self.differences) or bool(self.hashed_extra)
+
+    def to_json(self) -> dict:
+        return {"command": list(self.command), "env": dict(self.env.vars), "active": self.active,
+                "differences": [d.to_json() for d in self.differences], "hashed_extra": list(self.hashed_extra),
+                "predicted_miss": self.predicted_miss, "warnings": list(self.warnings)}
+
+    def shell(self) -> str:
+        """The plan as a person would type it."""
+        return self.env.render("shell") + " ".join(shlex.quote(a) for a in self.command) + "\n"
+
+
+def plan(recipe: Recipe, root: Path, extra: list[str] = (), *, env_file: EnvFile | None = None, offline: bool = False,
+         base: Mapping[str, str] | None = None) -> ServePlan:
+    """Serve exactly what was warmed: the recipe's command, the env for the artifact active in root
+    (plus an env file's values on top), and the check of vLLM's own key in that final env."""
+    marker = restore.active(root)
+    env = artifact_env(recipe, root, marker.artifact, offline=offline) if marker else vllm_env(recipe, root,
+                                                                                                  offline=offline)
+    if env_file is not None:
+        env = env.merged(env_file.vars)
+    environ = {**(os.environ if base is None else base), **env.vars}
+    warnings = []
+    differences: tuple = ()
+    if marker is None:
+        warnings.append(f"no warmed cache is active in {root}: vLLM compiles from cold (run `warmer fetch` first)")
+    else:
+        if marker.artifact.recipe.name != recipe.name:
+            warnings.append(f"the artifact active in {root} is recipe {marker.artifact.recipe.name}'s, not {recipe.name}'s")
+        if marker.artifact.vllm:
+            differences = tuple(marker.artifact.vllm.differences(environ))
+            warnings += [d.line() for d in differences]
+    hashed = hashed_extra_flags(list(extra))
+    if hashed:
+        warnings.append(f"extra flag(s) {', '.join(hashed)} are engine args vLLM hashes into its compile key, "
+                        "and not the warmed ones: put them in the recipe's [engine] and rebuild")
+    return ServePlan(tuple(command(recipe, list(extra))), env, environ, marker.artifact.key if marker else None,
+                     differences, tuple(hashed), tuple(warnings))
