@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +17,8 @@ import pytest
 from warmer.recipe import Recipe, parse
 
 REPO = Path(__file__).resolve().parent.parent
+# The real S3 API on loopback, for the integration and the end-to-end tests.
+pytest_plugins = ["tests.s3server"]
 
 
 def make_cache_tree(root: Path) -> dict[str, bytes]:
@@ -127,3 +131,18 @@ def packed(tmp_path):
         return Packed(path, art, files, src)
 
     return make
+
+
+@contextmanager
+def time_cap(seconds: float):
+    """Fail instead of hanging: SIGALRM interrupts a blocked open() or read() in this thread."""
+    def expired(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s: a hang")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from warmer import build as _build, catalog, doctor as _doctor, explain as _explain
 from warmer import fetch as _fetch, fingerprint as _fingerprint, flashinfer_jit, restore as _restore
-from warmer import serving, signing, verify as _verify
+from warmer import matrix as _matrix, serving, signing, verify as _verify
 from warmer.artifact import Artifact
 from warmer.atomic import write_bytes
 from warmer.entry import IndexEntry
@@ -181,6 +181,14 @@ def rm(entry_url: str, *, yes: bool = False, **store_options) -> catalog.Removal
     return catalog.rm(entry_url, yes=yes, **{k: v for k, v in store_options.items() if v is not None})
 
 
+def matrix(paths: list[PathLike], *, skus: PathLike | None = None, only: list[str] | None = None,
+           root_base: str = _matrix.DEFAULT_ROOT_BASE) -> tuple[list[dict], list[str]]:
+    """The recipe x GPU SKU entries for CI (one build job each), and the recipes that target no SKU."""
+    paths = [Path(p) for p in paths]
+    catalogue = Path(skus) if skus else _matrix.find_catalogue(paths)
+    return _matrix.entries(paths, _matrix.load_skus(catalogue), catalogue, only=only, root_base=root_base)
+
+
 def doctor(*, root: PathLike | None = None, recipe_file: PathLike | None = None, env_file: PathLike | None = None,
            pid: int | None = None, mountinfo: PathLike | None = None) -> _doctor.Diagnosis:
     return _doctor.diagnose_here(root=str(root) if root else None, recipe=load(recipe_file) if recipe_file else None,
@@ -199,5 +207,5 @@ def flashinfer_check(root: PathLike, *, recipe_file: PathLike | None = None, bac
 
 
 __all__ = ["Inspection", "Packed", "build", "doctor", "explain", "fetch", "fingerprint", "flashinfer_check", "gc",
-           "inspect", "ls", "pack", "publish", "recipe", "restore", "rm", "serve", "serve_plan", "serving_env", "store",
+           "inspect", "ls", "matrix", "pack", "publish", "recipe", "restore", "rm", "serve", "serve_plan", "serving_env", "store",
            "verify", "write_env"]

@@ -10,7 +10,6 @@ import argparse
 import json
 import signal
 import sys
-from pathlib import Path
 
 from warmer import __version__, api, errors, matrix, report
 from warmer.errors import EXIT_FINDINGS, EXIT_MISS, EXIT_NOT_HIT, EXIT_OK
@@ -153,10 +152,7 @@ def cmd_rm(args) -> int:
 
 
 def cmd_matrix(args) -> int:
-    paths = [Path(p) for p in args.paths]
-    catalogue = Path(args.skus) if args.skus else matrix.find_catalogue(paths)
-    entries, skipped = matrix.entries(paths, matrix.load_skus(catalogue), catalogue, only=args.sku,
-                                      root_base=args.root_base)
+    entries, skipped = api.matrix(args.paths, skus=args.skus, only=args.sku, root_base=args.root_base)
     for s in skipped:
         print(f"warmer: matrix: skipped {s}", file=sys.stderr)
     if args.format == "json" or args.json:

@@ -191,9 +191,17 @@ def _digest(doc) -> str:
 def key(fp: Fingerprint, recipe_identity: Mapping) -> str:
     """sha256 over the hard fields and the recipe identity: what a node looks up.
 
-    >>> from tests.fixtures import nodes  # doctest: +SKIP
-    >>> key(nodes.gpu_node("h200"), ident) == key(nodes.gpu_node("h200", driver="575.0"), ident)  # doctest: +SKIP
-    True
+    Advisory fields (here the served model path recorded in the fingerprint) leave it alone; the
+    recipe's identity and every hard field move it:
+
+    >>> from dataclasses import replace
+    >>> from warmer.fingerprint import probe
+    >>> here = probe()
+    >>> k = key(here, {"name": "tiny", "engine": {"max_num_seqs": 4}})
+    >>> len(k), k == key(replace(here, paths=replace(here.paths, model="/elsewhere")), {"name": "tiny", "engine": {"max_num_seqs": 4}})
+    (64, True)
+    >>> k == key(here, {"name": "tiny", "engine": {"max_num_seqs": 8}}), k == key(replace(here, python="3.99.0"), {"name": "tiny", "engine": {"max_num_seqs": 4}})
+    (False, False)
     """
     return _digest({"hard": hard_fields(fp), "recipe": key_identity(recipe_identity)})
 
@@ -247,6 +255,15 @@ def _equal_reason(field: str, built, node) -> str:
 
 
 def _at_least(built, node, spec: str) -> tuple[bool, str]:
+    """A ranged rule: the node's version against the build's (packaging's Version and SpecifierSet).
+
+    >>> _at_least("570.133.20", "575.57.08", ">=")
+    (True, '575.57.08 satisfies >= 570.133.20')
+    >>> _at_least("12.8", "12.4", ">=")
+    (False, "12.4 is older than the build's 12.8 (needs >= 12.8)")
+    >>> _at_least("2.35", None, ">=")
+    (False, 'the build had 2.35, this node has none')
+    """
     if built is None:
         return True, "the build recorded none"
     if node is None:

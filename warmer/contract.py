@@ -1,7 +1,7 @@
 """The path contract: the absolute paths an artifact's caches were built at, and what rebuilds
 on a node where one differs.
 
-Path-fragile caches record the paths they depend on (DESIGN.md rule 6): vLLM keys its compile
+Path-fragile caches record the paths they depend on: vLLM keys its compile
 cache on the served model path string, Inductor's C++ kernels hold -I paths into the Python
 install, FlashInfer's build.ninja holds absolute paths (warmer.flashinfer_jit). build writes the
 contract into artifact.json; fetch and doctor compare it with the node's and say what rebuilds.

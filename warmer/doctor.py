@@ -2,11 +2,11 @@
 
 The checks, each finding with its fix:
 - cache locations: the filesystem each cache env var (or its default) lands on, read from
-  mountinfo. The container's own overlay root is wiped with every pod (the seeds' gotcha: the
+  mountinfo. The container's own overlay root is wiped with every pod (the
   default ~/.cache/vllm); an emptyDir survives container restarts, not a new pod; tmpfs is RAM;
   a hostPath or a persistent volume keeps the cache.
 - FlashInfer: the directories it writes at import and at run time must be writable
-  (research/flashinfer-caches.md: a read-only workspace fails the import).
+  (flashinfer/jit/env.py creates the workspace and its log at import: a read-only one fails it).
 - per-pod env: values vLLM hashes into its compile key that differ per pod (pod IPs,
   hostnames), so no pod ever hits another's cache (ai-dynamo/dynamo#10695).
 - the active artifact (with a root): is it in use (the cache env points into it), does it fit
@@ -41,7 +41,7 @@ FIX_VOLUME = ("point {var} into a volume (a hostPath shared by the node's pods, 
 # Caches whose loss costs the compile time itself; the others cost seconds.
 PRIMARY = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
 # vLLM hashes every known env var into its compile key except an ignore list (vllm envs.py
-# compile_factors; research/vllm-caches.md). These hashed ones hold host or rank values.
+# compile_factors). These hashed ones hold host or rank values.
 HASHED_PER_HOST = {
     "VLLM_RAY_BUNDLE_INDICES": "it splits the cache per Ray placement bundle (one key per engine)",
     "VLLM_RAY_DP_PLACEMENT_NODE_IPS": "it lists node IPs",

@@ -17,7 +17,7 @@ from warmer import compat, explain, fingerprint, flashinfer_jit, restore, servin
 from warmer.compat import Decision
 from warmer.entry import EntrySchemaError, IndexEntry
 from warmer.envfile import EnvFile
-from warmer.errors import StoreError, UntrustedInput, WarmerError
+from warmer.errors import StoreError, Terminated, UntrustedInput, WarmerError
 from warmer.fingerprint import Gpus
 from warmer.recipe import Recipe
 from warmer.store import Store, open_store
@@ -86,7 +86,7 @@ def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int 
         _fetch(recipe, store, root, node, key, out, max_bytes=max_bytes, trusted_keys=tuple(trusted_keys),
                offline=offline, serving_env=os.environ if serving_env is None else serving_env,
                lock_timeout=lock_timeout)
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit, Terminated):
         raise
     except Exception as e:  # the README's promise: whatever went wrong, the pod starts (slowly)
         out.setdefault("store", str(store_url) if isinstance(store_url, str) else getattr(store_url, "url", "?"))

@@ -302,9 +302,15 @@ def _cpu() -> Cpu:
 
 
 def flashinfer_arch(compute_capabilities: list[str], cuda: str | None) -> str | None:
-    """The arch tag FlashInfer names its JIT workspace by and compiles for (90a, 100a, 103a, 120f,
-    121a, 80, ...; several joined by '_'). sm_12.0 gets the family-portable 'f' target only with
-    CUDA >= 12.9 (nvcc's, or torch's without nvcc), else 'a'."""
+    """The arch tag FlashInfer names its JIT workspace by and compiles for (flashinfer/jit/env.py):
+    several joined by '_'. sm_12.0 gets the family-portable 'f' target only with CUDA >= 12.9
+    (nvcc's, or torch's without nvcc), else 'a'.
+
+    >>> flashinfer_arch(["9.0"], "12.8"), flashinfer_arch(["12.0"], "12.9"), flashinfer_arch(["12.0"], "12.8")
+    ('90a', '120f', '120a')
+    >>> flashinfer_arch(["8.9", "9.0"], "12.8"), flashinfer_arch(["8.0"], None), flashinfer_arch([None], "12.8")
+    ('89_90a', '80', None)
+    """
     tags = set()
     for cc in compute_capabilities:
         m = re.fullmatch(r"(\d+)\.(\d+)", cc or "")

@@ -3,7 +3,8 @@
 A JIT module is reused only when `ninja` finds nothing to do (flashinfer/jit/core.py build_and_load),
 and ninja rebuilds when the workspace's real path, the install paths in the command line,
 CUDA_HOME, the ninja version, the compile-affecting env or file times differ
-(research/flashinfer-caches.md §2). So the artifact records those (FlashInferContract, part of the
+(flashinfer/jit/cpp_ext.py writes absolute paths into build.ninja; jit/core.py runs ninja on every
+load). So the artifact records those (FlashInferContract, part of the
 path contract), fetch compares them with the node's, and a dry run of ninja in every module
 proves "no work to do" after a restore. `warmer flashinfer-check` shows the same and can
 back-date newer inputs.

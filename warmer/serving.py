@@ -155,7 +155,8 @@ def plan(recipe: Recipe, root: Path, extra: list[str] = (), *, env_file: EnvFile
     warnings = []
     differences: tuple = ()
     if marker is None:
-        warnings.append(f"no warmed cache is active in {root}: vLLM compiles from cold (run `warmer fetch` first)")
+        warnings.append(f"no warmed cache is active in {root}: vLLM compiles from cold (slow start); see why in "
+                        "`warmer fetch`'s output (kubectl logs POD -c warmer-fetch), or run it first")
     else:
         if marker.artifact.recipe.name != recipe.name:
             warnings.append(f"the artifact active in {root} is recipe {marker.artifact.recipe.name}'s, not {recipe.name}'s")

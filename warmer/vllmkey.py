@@ -1,7 +1,7 @@
 """vLLM's own compile key, as recorded at build, and what a serving env would change in it.
 
 warmer's key says whether an artifact fits a node's hardware and libraries. Whether vLLM then
-hits inside it is decided by what vLLM hashes (DESIGN.md rule 7):
+hits inside it is decided by what vLLM hashes:
 - its env factors: vllm/envs.py compile_factors() hashes every env var vLLM knows (249 in
   0.32) except an ignore list; the raw CUDA_HOME is one of them;
 - its config hash: VllmConfig.compute_hash() (model path and revision, scheduler sizes,

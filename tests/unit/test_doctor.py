@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, make_cache_tree, tiny_recipe
+from tests.conftest import REPO, tiny_recipe
 from tests.fixtures import nodes
-from warmer import build, components, doctor, mounts, restore, serving
+from warmer import components, doctor, mounts, restore, serving
 from warmer.envfile import EnvFile
 
 SAMPLES = REPO / "tests" / "fixtures" / "mountinfo"
@@ -89,14 +89,14 @@ def test_hostpath_volume_holding_every_cache_is_clean():
     assert result.ok and result.counts["warning"] == 0
 
 
-def test_emptydir_warns_when_nothing_fills_it_and_notes_it_when_an_artifact_is_active(tmp_path):
+def test_emptydir_warns_when_nothing_fills_it_and_notes_it_when_an_artifact_is_active(tmp_path, active_root):
     result = doctor.diagnose(cache_env_under(ROOT), sample("emptydir"))
     assert location(result, "VLLM_CACHE_ROOT")["kind"] == "emptydir"
     warnings = by(result, severity="warning", check="cache-location")
     assert warnings and all("not a new pod" in f.what and "init container" in f.fix for f in warnings)
     assert result.ok  # survives restarts: not an error
 
-    root = _active_root(tmp_path)
+    root = active_root
     mountinfo = sample("emptydir").replace(" /cache ", f" {tmp_path} ")
     result = doctor.diagnose({**POD_ENV, **serving.vllm_env(tiny_recipe(), root).vars}, mountinfo, root=root)
     assert location(result, "VLLM_CACHE_ROOT")["in_active_root"]
@@ -189,18 +189,16 @@ def test_bundle_indices_fragment_the_cache_even_with_a_stable_value():
 
 # --- the active artifact ---------------------------------------------------------------------
 
-def _active_root(tmp_path: Path, recipe=None) -> Path:
-    src = tmp_path / "build-root"
-    make_cache_tree(src)
-    art = tmp_path / "a.tar.zst"
-    build.pack_root(src, recipe or tiny_recipe(), art)
+@pytest.fixture
+def active_root(tmp_path, packed):
+    """A node root with an artifact of the tiny recipe restored in it."""
     root = tmp_path / "node-root"
-    restore.restore_file(art, root)
+    restore.restore_file(packed("a").path, root)
     return root
 
 
-def test_active_artifact_in_use_and_fitting_is_clean(tmp_path):
-    root = _active_root(tmp_path)
+def test_active_artifact_in_use_and_fitting_is_clean(tmp_path, active_root):
+    root = active_root
     art = restore.active(root).artifact
     env = {**POD_ENV, **serving.vllm_env(tiny_recipe(), root).vars}
     result = doctor.diagnose(env, sample("hostpath").replace(" /cache ", f" {tmp_path} "), root=root,
@@ -212,8 +210,8 @@ def test_active_artifact_in_use_and_fitting_is_clean(tmp_path):
     assert again.root == str(root)
 
 
-def test_env_that_misses_the_root_or_the_recipe_env_is_an_error(tmp_path):
-    root = _active_root(tmp_path)
+def test_env_that_misses_the_root_or_the_recipe_env_is_an_error(tmp_path, active_root):
+    root = active_root
     env = {**POD_ENV, **serving.vllm_env(tiny_recipe(), root).vars}
     del env["VLLM_USE_AOT_COMPILE"]
     env["TRITON_CACHE_DIR"] = "/root/.triton/cache"
@@ -223,8 +221,8 @@ def test_env_that_misses_the_root_or_the_recipe_env_is_an_error(tmp_path):
     assert "env file" in errors["TRITON_CACHE_DIR"].fix
 
 
-def test_artifact_that_does_not_fit_this_node_is_an_error(tmp_path):
-    root = _active_root(tmp_path)
+def test_artifact_that_does_not_fit_this_node_is_an_error(tmp_path, active_root):
+    root = active_root
     built = restore.active(root).artifact.fingerprint
     other = nodes.edit(built, machine="aarch64" if built.machine != "aarch64" else "x86_64")
     env = {**POD_ENV, **serving.vllm_env(tiny_recipe(), root).vars}
@@ -233,8 +231,8 @@ def test_artifact_that_does_not_fit_this_node_is_an_error(tmp_path):
     assert fit.severity == "error" and "machine" in fit.what and "warmer fetch" in fit.fix
 
 
-def test_path_contract_against_the_served_recipe(tmp_path):
-    root = _active_root(tmp_path)
+def test_path_contract_against_the_served_recipe(tmp_path, active_root):
+    root = active_root
     env = {**POD_ENV, **serving.vllm_env(tiny_recipe(), root).vars}
     result = doctor.diagnose(env, sample("hostpath"), root=root, recipe=tiny_recipe("/models/elsewhere"))
     contract = by(result, check="path-contract")

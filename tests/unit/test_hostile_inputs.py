@@ -9,8 +9,6 @@ import copy
 import io
 import json
 import os
-import signal
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,25 +16,11 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import run_warmer, tiny_recipe, write_tiny_recipe
+from tests.conftest import run_warmer, time_cap, tiny_recipe, write_tiny_recipe
 from warmer import archive, build, fetch, restore
 from warmer.entry import IndexEntry
 from warmer.errors import UntrustedInput
 from warmer.store import open_store
-
-
-@contextmanager
-def time_cap(seconds: float):
-    def expired(signum, frame):
-        raise TimeoutError(f"a case ran past {seconds} s: a hang")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _mutate(entry: dict, path: tuple, value) -> dict:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from warmer import compat, matrix, restore
+from warmer import compat, matrix, serving
 from warmer.recipe import load
 
 MANIFESTS = REPO / "manifests"
@@ -149,20 +149,12 @@ def test_github_workflow_runs_matrix_then_build_per_sku():
 
 # --- the Deployment agrees with its recipe -----------------------------------------------------
 
-def _serve_argv(c: dict) -> list[str]:
-    script = "\n".join(c["args"])
-    (line,) = [ln for ln in script.replace("\\\n", " ").splitlines() if ln.strip().startswith("exec vllm serve")]
-    return shlex.split(line)[3:]
-
-
-def _flags(argv: list[str]) -> tuple[str, dict[str, str]]:
-    model, rest = argv[0], argv[1:]
-    flags = {}
-    while rest:
-        name = rest.pop(0)
-        assert name.startswith("--"), name
-        flags[name[2:].replace("-", "_")] = rest.pop(0) if rest and not rest[0].startswith("--") else "true"
-    return model, flags
+def _serve(c: dict, env: dict) -> tuple[list[str], list[str]]:
+    """(warmer serve's own argv, the flags it passes on to vLLM) of a container, $(VAR) expanded."""
+    argv = [k8s_expand(a, env) for a in command_of(c)]
+    assert argv[:2] == ["warmer", "serve"], argv
+    cut = argv.index("--") if "--" in argv else len(argv)
+    return argv[:cut], argv[cut + 1:]
 
 
 def test_deployment_serves_exactly_what_its_recipe_warmed():
@@ -170,17 +162,17 @@ def test_deployment_serves_exactly_what_its_recipe_warmed():
     recipe_name = container_env(init)["WARMER_RECIPE"]
     recipe = load(MANIFESTS / "models" / f"{recipe_name}.toml")
     (vllm,) = [c for c in pod_spec(deployment)["containers"] if c["name"] == "vllm"]
-    model, flags = _flags(_serve_argv(vllm))
-    # vLLM hashes the model path string, every engine arg and the revision into its compile key.
-    assert model == recipe.model
-    for k, v in recipe.engine.items():
-        assert flags.get(k) == str(v), f"--{k.replace('_', '-')} must be {v}, as in {recipe.source}"
-    if recipe.revision:
-        assert flags.get("revision") == recipe.revision
+    own, passed = _serve(vllm, container_env(vllm))
+    fetch_argv = [k8s_expand(a, container_env(init)) for a in command_of(init)]
+    # The recipe, root and env file the init container fetched with: `warmer serve` turns the recipe's
+    # model, revision and every [engine] arg into flags (vLLM hashes them into its compile key).
+    assert own[2] == fetch_argv[2] and own[own.index("--root") + 1] == fetch_argv[fetch_argv.index("--root") + 1]
+    assert own[own.index("--env-file") + 1] == fetch_argv[fetch_argv.index("--env-file") + 1]
+    assert not serving.hashed_extra_flags(passed), passed  # only server flags are added by hand
+    cmd = serving.command(recipe)
+    assert recipe.model in cmd and all(f"--{k.replace('_', '-')}" in cmd for k in recipe.engine)
     # LLM(), which warms, and `vllm serve` default max_num_batched_tokens differently: pinned.
-    assert "max_num_batched_tokens" in flags
-    if "max_num_batched_tokens" in recipe.engine:
-        assert flags["max_num_batched_tokens"] == str(recipe.engine["max_num_batched_tokens"])
+    assert "max_num_batched_tokens" in recipe.engine
     # Scheduled on a SKU the recipe targets, with the GPUs it needs, in the init container too
     # (the fingerprint counts the GPUs it sees).
     selector = pod_spec(deployment)["nodeSelector"]
@@ -201,9 +193,8 @@ def test_init_container_fetches_into_the_root_ci_builds_at_and_vllm_sources_its_
     # sh sources it: values with spaces (FLASHINFER_CUDA_ARCH_LIST="9.0a 10.0a") need its quoting.
     assert argv[argv.index("--env-format") + 1] == "shell"
     (vllm,) = [c for c in pod_spec(deployment)["containers"] if c["name"] == "vllm"]
-    script = "\n".join(vllm["args"])
-    assert f". {env_file}" in script and "set -a" in script
-    assert restore.MARKER in script and "kubectl logs" in script  # the visible warning on a miss
+    own, _ = _serve(vllm, container_env(vllm))
+    assert own[own.index("--env-file") + 1] == env_file  # `warmer serve` loads it; on a miss it says so
     # Both containers mount the cache and the env file's volume at the same paths.
     mounts = {c["name"]: {m["mountPath"]: m["name"] for m in c["volumeMounts"]} for c in (init, vllm)}
     for path in (str(Path(root).parent), str(Path(env_file).parent)):
@@ -267,7 +258,9 @@ def test_dockerfile_stages_bake_caches_at_the_serving_root_without_credentials_i
     # The baked images start vLLM with the env the restore wrote.
     assert ("ENTRYPOINT", '["/usr/local/bin/vllm-serve-warm"]') in ins
     text = (MANIFESTS / "docker" / "Dockerfile").read_text()
-    assert ". /etc/warmer/vllm.env" in text and "exec vllm serve" in text
+    assert 'exec warmer serve "/etc/warmer/recipes/${WARMER_RECIPE}.toml" --root "$root" --env-file /etc/warmer/vllm.env' \
+        in text and 'root="/cache/${WARMER_RECIPE}"' in text
+    assert [rest for op, rest in ins if op == "ENV"].count("WARMER_RECIPE=${RECIPE}") == 2
 
 
 def test_skus_and_recipes_in_manifests_agree():

@@ -17,14 +17,12 @@ def _recipe_file(tmp_path, max_model_len=128):
 
 
 @pytest.fixture
-def published(tmp_path, cache_tree):
-    root, files = cache_tree
-    recipe = tiny_recipe()
-    art = tmp_path / "a.tar.zst"
-    doc = build.pack_root(root, recipe, art, timings={"build": {"init_engine_s": 30.0}})
+def published(tmp_path, packed):
+    p = packed("a", timings={"build": {"init_engine_s": 30.0}})
     store = open_store(f"file://{tmp_path / 'store'}")
-    result = build.publish(store, art)
-    return {"store": store, "recipe": recipe, "doc": doc, "files": files, "artifact": art, "publish": result}
+    result = build.publish(store, p.path)
+    return {"store": store, "recipe": tiny_recipe(), "doc": p.artifact, "files": p.files, "artifact": p.path,
+            "publish": result, "source": p.source}
 
 
 def test_pack_takes_cache_files_and_leaves_locks_and_scratch(published):
@@ -34,12 +32,12 @@ def test_pack_takes_cache_files_and_leaves_locks_and_scratch(published):
     assert comps["inductor-headers"].files == 1 and comps["inductor"].files == 3
 
 
-def test_publish_is_idempotent_and_first_writer_wins(published, tmp_path, cache_tree):
+def test_publish_is_idempotent_and_first_writer_wins(published, tmp_path):
     assert published["publish"].status == "published" and published["publish"].blob_uploaded
     again = build.publish(published["store"], published["artifact"])
     assert again.status == "already-published" and not again.blob_uploaded
     # Eight builders of the same key race with different artifacts: exactly one entry wins.
-    root, _ = cache_tree
+    root = published["source"]
     arts = []
     for i in range(8):
         arts.append(tmp_path / f"race{i}.tar.zst")

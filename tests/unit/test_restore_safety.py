@@ -18,21 +18,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from tests.conftest import REPO, make_cache_tree, tiny_recipe
-from warmer import archive, artifact, build, restore
+from tests.conftest import REPO
+from warmer import archive, artifact, restore
 from warmer.archive import FileEntry
-
-
-def _artifact(tmp_path: Path, name: str, extra: dict[str, bytes] | None = None) -> tuple[Path, dict]:
-    """A valid artifact of the fake cache tree (plus extra files), packed by warmer itself."""
-    src = tmp_path / f"src-{name}"
-    make_cache_tree(src)
-    for rel, data in (extra or {}).items():
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        (src / rel).write_bytes(data)
-    out = tmp_path / f"{name}.tar.zst"
-    doc = build.pack_root(src, tiny_recipe(), out, timings={"build": {"name": name}})
-    return out, doc
 
 
 def assert_complete(root: Path) -> str:
@@ -48,17 +36,17 @@ def assert_complete(root: Path) -> str:
 
 
 @pytest.fixture
-def previous(tmp_path):
+def previous(tmp_path, packed):
     """A root that already holds a complete cache (artifact A)."""
-    path, _ = _artifact(tmp_path, "A")
+    path = packed("A").path
     root = tmp_path / "node" / "root"
     restore.restore_file(path, root)
     return root
 
 
-def _hostile(tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], listed: list[FileEntry]) -> Path:
+def _hostile(packed, tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], listed: list[FileEntry]) -> Path:
     """An archive with a valid artifact.json listing `listed`, and a body made by hand."""
-    _, art = _artifact(tmp_path, "base")
+    art = packed("base").artifact
     doc = art.to_json()
     doc["files"] = [e.to_dict() for e in listed]
     raw = io.BytesIO()
@@ -106,9 +94,9 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
-def test_hostile_archives_are_refused_and_nothing_moves(tmp_path, previous, case):
+def test_hostile_archives_are_refused_and_nothing_moves(tmp_path, previous, case, packed):
     members, listed, message = HOSTILE[case]
-    path = _hostile(tmp_path, members, listed)
+    path = _hostile(packed, tmp_path, members, listed)
     before = assert_complete(previous)
     with pytest.raises(restore.RestoreError, match=message):
         restore.restore_file(path, previous)
@@ -117,26 +105,27 @@ def test_hostile_archives_are_refused_and_nothing_moves(tmp_path, previous, case
     assert not Path("/tmp/warmer-escape-abs").exists() and not (tmp_path / "escape-dotdot").exists()
 
 
-def test_decompression_bomb_is_refused(tmp_path, previous):
+def test_decompression_bomb_is_refused(tmp_path, previous, packed):
     """20 MB of pax header squeezed into a few KB: refused before it is all inflated."""
     info, data = _reg("inductor/a.so")
     info.pax_headers = {"comment": "x" * (20 << 20)}
-    path = _hostile(tmp_path, [(info, data)], [_entry("inductor/a.so")])
+    path = _hostile(packed, tmp_path, [(info, data)], [_entry("inductor/a.so")])
     assert path.stat().st_size < 1 << 20
     with pytest.raises(restore.RestoreError, match="inflates past"):
         restore.restore_file(path, previous)
     assert_complete(previous)
 
 
-def test_size_limit_is_enforced(tmp_path, previous):
-    path, doc = _artifact(tmp_path, "B")
+def test_size_limit_is_enforced(tmp_path, previous, packed):
+    _p = packed("B")
+    path, doc = _p.path, _p.artifact
     with pytest.raises(restore.RestoreError, match="over the limit"):
         restore.restore_file(path, previous, max_bytes=doc.total_bytes - 1)
     assert assert_complete(previous) == "A"
 
 
-def test_mutated_artifacts_are_never_activated(tmp_path, previous):
-    path, _ = _artifact(tmp_path, "B")
+def test_mutated_artifacts_are_never_activated(tmp_path, previous, packed):
+    path = packed("B").path
     data = path.read_bytes()
     rng = random.Random(5)
     bad = tmp_path / "mutated.tar.zst"
@@ -158,11 +147,11 @@ RESTORE_SCRIPT = "import sys; from pathlib import Path; from warmer import resto
                  "restore.restore_file(Path(sys.argv[1]), Path(sys.argv[2]))"
 
 
-def test_kill_9_at_random_moments_leaves_a_complete_cache(tmp_path, previous):
+def test_kill_9_at_random_moments_leaves_a_complete_cache(tmp_path, previous, packed):
     # Big enough that extraction takes a while next to the interpreter's start: random bytes do
     # not compress.
-    a, _ = _artifact(tmp_path, "A2", {"inductor/big.so": os.urandom(48 << 20)})
-    b, _ = _artifact(tmp_path, "B2", {"inductor/big.so": os.urandom(48 << 20), "vllm/more.json": b"{}"})
+    a = packed("A2", extra={"inductor/big.so": os.urandom(48 << 20)}).path
+    b = packed("B2", extra={"inductor/big.so": os.urandom(48 << 20), "vllm/more.json": b"{}"}).path
     cmd = [sys.executable, "-c", RESTORE_SCRIPT]
     subprocess.run(cmd + [str(a), str(previous)], check=True, cwd=REPO)  # compiles what changed
     t0 = time.perf_counter()
@@ -185,8 +174,8 @@ def test_kill_9_at_random_moments_leaves_a_complete_cache(tmp_path, previous):
     assert not list(previous.parent.glob(".root.staging-*"))
 
 
-def test_concurrent_restores_extract_once(tmp_path):
-    path, _ = _artifact(tmp_path, "B", {"inductor/big.so": os.urandom(8 << 20)})
+def test_concurrent_restores_extract_once(tmp_path, packed):
+    path = packed("B", extra={"inductor/big.so": os.urandom(8 << 20)}).path
     root = tmp_path / "shared" / "root"
     procs = [subprocess.Popen([sys.executable, "-m", "warmer", "restore", str(path), "--root", str(root), "--json"],
                               stdout=subprocess.PIPE, text=True, cwd=REPO) for _ in range(8)]
@@ -199,9 +188,9 @@ def test_concurrent_restores_extract_once(tmp_path):
     assert time.perf_counter() - t0 < 0.5
 
 
-def test_write_failure_mid_extraction_keeps_the_previous_cache(tmp_path, previous):
+def test_write_failure_mid_extraction_keeps_the_previous_cache(tmp_path, previous, packed):
     """A real kernel-enforced write failure: RLIMIT_FSIZE makes the big file's write fail (EFBIG)."""
-    path, doc = _artifact(tmp_path, "B", {"inductor/big.so": os.urandom(2 << 20)})
+    path = packed("B", extra={"inductor/big.so": os.urandom(2 << 20)}).path
     script = ("import resource, signal, sys; from pathlib import Path; from warmer import restore\n"
               "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
               "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))\n"
@@ -234,9 +223,9 @@ def small_fs(tmp_path):
         subprocess.run(["umount", "-l", str(point)], check=False)
 
 
-def test_full_disk_keeps_the_previous_cache(tmp_path, small_fs):
-    a, _ = _artifact(tmp_path, "A")
-    b, _ = _artifact(tmp_path, "B", {"inductor/big.so": os.urandom(3 << 20)})
+def test_full_disk_keeps_the_previous_cache(tmp_path, small_fs, packed):
+    a = packed("A").path
+    b = packed("B", extra={"inductor/big.so": os.urandom(3 << 20)}).path
     # Too little room for B at all: refused before a byte is written, with the sizes.
     fs = small_fs("small", "size=2m")
     restore.restore_file(a, fs / "root")
@@ -256,9 +245,9 @@ def test_full_disk_keeps_the_previous_cache(tmp_path, small_fs):
     assert not list(tight.glob(".root.staging-*"))
 
 
-def test_read_only_filesystem(tmp_path, small_fs):
-    a, _ = _artifact(tmp_path, "A")
-    b, _ = _artifact(tmp_path, "B")
+def test_read_only_filesystem(tmp_path, small_fs, packed):
+    a = packed("A").path
+    b = packed("B").path
     fs = small_fs("ro", "size=16m")
     restore.restore_file(a, fs / "root")
     subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
@@ -267,10 +256,10 @@ def test_read_only_filesystem(tmp_path, small_fs):
     assert assert_complete(fs / "root") == "A"
 
 
-def test_missing_permissions(tmp_path):
+def test_missing_permissions(tmp_path, packed):
     """Restoring as a user who may not write beside the root: a clear error, nothing changed."""
-    a, _ = _artifact(tmp_path, "A")
-    b, _ = _artifact(tmp_path, "B")
+    a = packed("A").path
+    b = packed("B").path
     base = Path(tempfile.mkdtemp(prefix="warmer-perm-"))  # pytest's tmp dirs are private to their owner
     try:
         base.chmod(0o755)

@@ -10,7 +10,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from tests.conftest import REPO, make_cache_tree, tiny_recipe
+from tests.conftest import REPO, tiny_recipe
 from warmer import build, fetch, restore, signing
 from warmer.store import open_store
 
@@ -26,11 +26,8 @@ def _keypair(dir: Path, name: str) -> tuple[Path, Path]:
 
 
 @pytest.fixture
-def setup(tmp_path):
-    root = tmp_path / "src"
-    make_cache_tree(root)
-    art = tmp_path / "a.tar.zst"
-    build.pack_root(root, tiny_recipe(), art)
+def setup(tmp_path, packed):
+    art = packed("a").path
     keys = {name: _keypair(tmp_path, name) for name in ("builder", "stranger")}
     return {"artifact": art, "keys": keys, "store": f"file://{tmp_path / 'store'}", "tmp": tmp_path}
 

@@ -5,40 +5,26 @@ code, or deleted the wrong thing before warmer parsed its inputs once at the bou
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
 import tarfile
-from contextlib import contextmanager
+import time
 from pathlib import Path
 
 import pytest
 import zstandard
 
-from tests.conftest import REPO, make_cache_tree, run_warmer, tiny_recipe, write_tiny_recipe
+from tests.conftest import REPO, make_cache_tree, run_warmer, time_cap, tiny_recipe, write_tiny_recipe
 from warmer import archive, build, catalog, fetch, flashinfer_jit, restore
 from warmer.artifact import canonical
 from warmer.envfile import EnvFile
 from warmer.recipe import parse
 from warmer.store import open_store
 from tests.unit.test_signing import _keypair
-
-
-@contextmanager
-def deadline(seconds: float):
-    """Fail instead of hanging: SIGALRM interrupts a blocked open() or read()."""
-    def expired(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s: a hang")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _publish(packed, tmp_path, name="a", key_pair=None, **kw):
@@ -84,9 +70,9 @@ def test_a_member_with_a_negative_size_is_refused_not_read_forever(tmp_path, how
     else:
         header = _header_with_size_field(b"\xff" * 12)  # base-256 for -1
     path = _archive_with_first_header(header, tmp_path)
-    with deadline(20), open(path, "rb") as f, pytest.raises(archive.ArchiveError, match="size"):
+    with time_cap(20), open(path, "rb") as f, pytest.raises(archive.ArchiveError, match="size"):
         archive.read_manifest(f)
-    with deadline(20), pytest.raises(restore.RestoreError, match="size"):
+    with time_cap(20), pytest.raises(restore.RestoreError, match="size"):
         restore.restore_file(path, tmp_path / "root")
 
 
@@ -99,7 +85,7 @@ def test_a_store_writer_without_the_key_cannot_hang_a_signed_fetch(packed, tmp_p
     info.pax_headers = {"size": "-1"}
     _blob_path(store, published.blob).write_bytes(zstandard.ZstdCompressor().compress(
         info.tobuf(format=tarfile.PAX_FORMAT) + bytes(4096)))
-    with deadline(60):
+    with time_cap(60):
         got = fetch.fetch(tiny_recipe(), store, tmp_path / "node", trusted_keys=[keys[1]])
     assert got.status == "error" and any("size" in w for w in got.warnings), got.warnings
     assert restore.active(tmp_path / "node") is None
@@ -111,7 +97,7 @@ def test_a_fifo_in_a_file_store_is_refused(packed, tmp_path, what):
     target = _entry_path(store, "tiny", p.artifact.key) if what == "index entry" else _blob_path(store, published.blob)
     target.unlink()
     os.mkfifo(target)
-    with deadline(30):
+    with time_cap(30):
         got = fetch.fetch(tiny_recipe(), store, tmp_path / "node")
     assert not got.hit and any("not a regular file" in w for w in got.warnings), got.warnings
 
@@ -121,7 +107,7 @@ def test_a_fifo_planted_at_the_lock_is_refused(packed, tmp_path):
     root = tmp_path / "node" / "root"
     root.parent.mkdir()
     os.mkfifo(restore.lock_path(root))
-    with deadline(20), pytest.raises(restore.RestoreError, match="not a regular file"):
+    with time_cap(20), pytest.raises(restore.RestoreError, match="not a regular file"):
         restore.restore_file(p.path, root)
 
 
@@ -135,7 +121,7 @@ def test_a_lock_held_by_another_process_times_out_naming_it(packed, tmp_path):
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"  # the shared lock is taken: synchronised by the pipe
-        with deadline(30), pytest.raises(restore.RestoreError, match=f"held after 1 s by pid {holder.pid}"):
+        with time_cap(30), pytest.raises(restore.RestoreError, match=f"held after 1 s by pid {holder.pid}"):
             restore.restore_file(p.path, root, lock_timeout=1)
     finally:
         holder.stdin.close()
@@ -391,3 +377,35 @@ def test_ctrl_c_in_fetch_exits_130_without_a_traceback(packed, tmp_path):
         rest = proc.stderr.read()
         assert proc.wait(timeout=30) == 130
     assert "interrupted" in rest and "Traceback" not in rest
+
+
+def _child_running(parent: int, marker: str) -> int | None:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and marker in cmdline:
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (the `cpu` extra) is not installed")
+def test_sigterm_in_verify_stops_the_engine_it_started(tmp_path):
+    """The engine child runs in a process group of its own: SIGTERM to warmer must take it down too."""
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml", model_path=str(tmp_path / "no-model"))
+    proc = subprocess.Popen([sys.executable, "-m", "warmer", "verify", str(recipe), "--root", str(tmp_path / "root"),
+                             "--workdir", str(tmp_path / "work")], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    child = None
+    with time_cap(120):  # the engine child imports vLLM for seconds: it is found while it does
+        while child is None and proc.poll() is None:
+            child = _child_running(proc.pid, "warmer.workload")
+            time.sleep(0.05)  # polls /proc for a condition nothing signals
+    assert child is not None, "the engine child was never seen"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    assert "terminated" in proc.stderr.read()
+    assert not Path(f"/proc/{child}").exists()  # killed and reaped, not left running

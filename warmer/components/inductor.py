@@ -3,7 +3,7 @@
 The cache dir's path is in no Inductor key, so it relocates. The precompiled header (~150 MB,
 ~8 s to rebuild on CPU) ignores TORCHINDUCTOR_CACHE_DIR and lands in
 $TMPDIR/torchinductor_<user>/precompiled_headers: pointing TMPDIR under the root is the only
-way to keep it (research/torch-inductor-triton-caches.md).
+way to keep it (torch/_inductor/codecache.py: the header goes to default_cache_dir()/precompiled_headers).
 """
 
 from warmer.components.base import Component

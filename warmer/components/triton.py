@@ -1,5 +1,5 @@
 """Triton's kernel cache. Its __grp__ files hold absolute paths, so it is not relocatable; Inductor
-re-emits the kernels it bundles into FX entries anyway (research/torch-inductor-triton-caches.md)."""
+re-emits the kernels it bundles into FX entries anyway (torch/_inductor/triton_bundler.py)."""
 
 from warmer.components.base import Component
 

@@ -1,7 +1,8 @@
 """vLLM's own cache root: torch_compile_cache (AOT and piecewise artifacts), modelinfos, autotune.
 
 VLLM_CACHE_ROOT is in none of vLLM's keys, so the cache moves between roots; the served
-model path is in the key and is part of the recipe instead (research/vllm-caches.md).
+model path is in the key and is part of the recipe instead (vllm/envs.py compile_factors ignores
+VLLM_CACHE_ROOT; vllm/config/model.py ModelConfig.compute_hash hashes `model`).
 """
 
 from warmer.components.base import Component
