@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit bench clean
+.PHONY: install demo test test-unit bench clean oci-registry
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,11 +21,22 @@ install: $(STAMP)
 demo: install
 	$(PY) -m warmer.demo --workdir .demo
 
+# The OCI store's tests run a real registry (CNCF distribution, Debian's docker-registry 2.8):
+# installed here as root through apt where it can be, never started as a service (the tests
+# start their own). Elsewhere those tests skip and say why; under CI=true they fail instead.
+oci-registry:
+	@command -v docker-registry >/dev/null 2>&1 || command -v registry >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null \
+	    && { systemctl disable --now docker-registry >/dev/null 2>&1 || true; }; } \
+	  || echo "make: could not install docker-registry through apt: the OCI store tests will skip"; \
+	else echo "make: docker-registry is not installed (root and apt install it): the OCI store tests will skip"; fi
+
 # The whole suite: unit tests, then the real loop on vLLM's CPU engine.
-test: install
+test: install oci-registry
 	$(PY) -m pytest -ra
 
-test-unit: install
+test-unit: install oci-registry
 	$(PY) -m pytest -ra -m "not e2e"
 
 # warmer against tar + zstd and the AWS CLI on a synthetic cache tree, side by side: the table

@@ -156,12 +156,21 @@ class Store(abc.ABC):
 
 
 def open_store(url: str, *, endpoint_url: str | None = None, path_style: bool | None = None,
-               progress: bool = False) -> Store:
-    """file:///abs/dir (or a plain directory path), or s3://bucket[/prefix].
+               progress: bool = False, insecure_registry: bool = False) -> Store:
+    """file:///abs/dir (or a plain directory path), s3://bucket[/prefix], or oci://registry/repository.
 
-    endpoint_url and path_style apply to s3:// only; progress draws upload and download bars
-    on stderr (the caller decides: a terminal, and not --json).
+    endpoint_url and path_style apply to s3:// only, insecure_registry (plain HTTP to a registry
+    that is not on loopback) to oci:// only; progress draws upload and download bars on stderr
+    (the caller decides: a terminal, and not --json).
     """
+    if url.startswith("oci://"):
+        if endpoint_url or path_style:
+            raise StoreError(f"--endpoint-url and --s3-path-style apply to s3:// stores, not to {url}")
+        from warmer.store.oci import OCIStore
+
+        return OCIStore(url, insecure_registry=insecure_registry, progress=progress)
+    if insecure_registry:
+        raise StoreError(f"--insecure-registry applies to oci:// stores, not to {url}")
     if url.startswith("s3://"):
         from warmer.store.s3 import S3Store
 
@@ -176,4 +185,4 @@ def open_store(url: str, *, endpoint_url: str | None = None, path_style: bool | 
         return FileStore(url)
     scheme = url.split("://", 1)[0]
     raise StoreError(f"store {url!r}: scheme {scheme}:// is not supported; "
-                     "use file:///path/to/dir or s3://bucket/prefix")
+                     "use file:///path/to/dir, s3://bucket/prefix or oci://registry/repository")
