@@ -44,13 +44,16 @@ test-unit: install oci-registry
 # The AWS CLI gets a venv of its own: it pins a botocore that boto3's may not match.
 AWS_VENV := .venv-aws
 BENCH_ARGS ?=
+# bench/oci_fetch.py's options (the oci:// rows), e.g. OCI_BENCH_ARGS="--size 256MiB".
+OCI_BENCH_ARGS ?=
 
 $(AWS_VENV)/bin/aws:
 	$(PYTHON) -m venv $(AWS_VENV)
 	$(AWS_VENV)/bin/python -m pip install -q awscli==1.46.3
 
-bench: install $(AWS_VENV)/bin/aws
+bench: install $(AWS_VENV)/bin/aws oci-registry
 	$(PY) bench/run.py $(BENCH_ARGS)
+	$(PY) bench/oci_fetch.py $(OCI_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(AWS_VENV) .demo .bench .pytest_cache

@@ -29,6 +29,7 @@ def _warn(lines) -> None:
 def _store_options(args) -> dict:
     # Transfer bars only for a person at a terminal: never in pipelines or with --json.
     return {"endpoint_url": getattr(args, "endpoint_url", None), "path_style": getattr(args, "s3_path_style", None) or None,
+            "insecure_registry": getattr(args, "insecure_registry", None) or None,
             "progress": sys.stderr.isatty() and not args.json}
 
 
@@ -219,13 +220,15 @@ def parser() -> argparse.ArgumentParser:
 
     def store(c):
         c.add_argument("--store", required=True, metavar="URL",
-                       help="where artifacts live: file:///abs/dir or s3://bucket/prefix")
+                       help="where artifacts live: file:///abs/dir, s3://bucket/prefix or oci://registry/repository")
         s3(c)
 
     def s3(c):
         c.add_argument("--endpoint-url", help="S3-compatible endpoint (default: boto3's, e.g. AWS_ENDPOINT_URL)")
         c.add_argument("--s3-path-style", action="store_true",
                        help="path-style S3 addressing (endpoint/bucket/key), as many S3-compatible stores need")
+        c.add_argument("--insecure-registry", action="store_true",
+                       help="plain HTTP to an oci:// registry that is not on loopback")
 
     def recipe(c):
         c.add_argument("recipe", metavar="RECIPE", help="a recipe file, e.g. manifests/models/NAME.toml")

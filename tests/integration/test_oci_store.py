@@ -25,6 +25,7 @@ from tests.conftest import REPO, make_cache_tree, publish_at_once, run_warmer, t
 from tests.integration.conftest import pack_with_big_file
 from tests.integration.oci_registry import PASSWORD, READER, READER_PASSWORD, USER, docker_config, free_port
 from warmer import archive, build, fetch, restore
+from warmer.errors import UsageError
 from warmer.store import NAME, BlobCorrupt, StoreError, open_store
 from warmer.store.oci import (ARTIFACT_TYPE, CONFIG_TYPE, LAYER_TYPE, MANIFEST_TYPE, TAG, OCIStore, audit_tag,
                               index_tag)
@@ -57,7 +58,7 @@ def artifact(tmp_path):
     root = tmp_path / "build-root"
     files = make_cache_tree(root)
     art = tmp_path / "tiny.tar.zst"
-    doc = build.pack_root(root, tiny_recipe(), art, timings={"build": {"init_engine_s": 30.0}})
+    doc = build.pack_root(root, tiny_recipe(), art, timings={"build": {"init_engine_s": 30.0}}).to_json()
     return {"artifact": art, "doc": doc, "files": files, "sha256": hashlib.sha256(art.read_bytes()).hexdigest(),
             "root": root}
 
@@ -131,11 +132,11 @@ def test_a_reader_token_pulls_but_may_not_push(oci_token_registry, oci_env, arti
     reg = oci_token_registry
     url = reg.url(reg.repo())
     docker_config(oci_env, reg.host, USER, PASSWORD)
-    assert build.publish(open_store(url), artifact["artifact"])["status"] == "published"
+    assert build.publish(open_store(url), artifact["artifact"]).status == "published"
     docker_config(oci_env, reg.host, READER, READER_PASSWORD)
     node = open_store(url)
     got = fetch.fetch(tiny_recipe(), node, tmp_path / "node-root")
-    assert got["status"] == "hit", got["warnings"]
+    assert got.status == "hit", got.warnings
     with pytest.raises(StoreError, match=r"access denied to upload .* with the credentials from .*config\.json: "
                                          r"grant push on the repository"):
         node.put_blob(str(artifact["artifact"]), "ab" * 32)
@@ -172,7 +173,7 @@ def test_publish_fetch_explain_ls_inspect_gc_through_the_cli(oci_registry, oci_e
     # A newer artifact of the same recipe and machine (another engine arg, so another key):
     # gc --keep 1 deletes the older manifest and unlinks its layer.
     newer = tmp_path / "newer.tar.zst"
-    newer_doc = build.pack_root(artifact["root"], tiny_recipe(max_model_len=256), newer)
+    newer_doc = build.pack_root(artifact["root"], tiny_recipe(max_model_len=256), newer).to_json()
     newer_entry = json.loads(entry_bytes(artifact))
     newer_entry.update(key=newer_doc["key"], artifact=newer_doc, published_at="2099-01-01T00:00:00+00:00",
                        blob={"sha256": hashlib.sha256(newer.read_bytes()).hexdigest(), "size": newer.stat().st_size})
@@ -251,17 +252,17 @@ def test_eight_concurrent_publishers_of_one_key(oci_registry, oci_proxy, oci_env
         build.pack_root(root, tiny_recipe(), arts[-1], timings={"build": {"run": i}})
     stores = [open_store(url) for _ in range(8)]  # one client each, as separate builders have
     results = publish_at_once(stores, arts)
-    assert sorted(r["status"] for r in results) == ["already-published"] * 7 + ["published"]
-    winner = next(r for r in results if r["status"] == "published")
-    assert all(r["published_blob"] == winner["blob"] for r in results if r is not winner)
+    assert sorted(r.status for r in results) == ["already-published"] * 7 + ["published"]
+    winner = next(r for r in results if r.status == "published")
+    assert all(r.published_blob == winner.blob for r in results if r is not winner)
     tag_puts = [r for r in oci_proxy.requests if r.method == "PUT" and "/manifests/tiny--" in r.path]
     print(f"{len(tag_puts)} of 8 publishers wrote the tag")
-    assert stores[0].list_index() == [("tiny", winner["key"])]
-    entry = json.loads(stores[0].get_index("tiny", winner["key"]))
-    assert entry["blob"]["sha256"] == winner["blob"]
+    assert stores[0].list_index() == [("tiny", winner.key)]
+    entry = json.loads(stores[0].get_index("tiny", winner.key))
+    assert entry["blob"]["sha256"] == winner.blob
     got = fetch.fetch(tiny_recipe(), stores[0], tmp_path / "node-root")
-    assert got["status"] == "hit", got["warnings"]
-    assert restore.active(tmp_path / "node-root")["archive_sha256"] == winner["blob"]
+    assert got.status == "hit", got.warnings
+    assert restore.active(tmp_path / "node-root").archive_sha256 == winner.blob
 
 
 def test_eight_publisher_processes_of_one_key(oci_registry, oci_env, tmp_path):
@@ -320,14 +321,15 @@ def test_plain_http_reads_a_published_artifact(oci_registry, oci_env, artifact, 
 
 def _node_with_previous_cache(tmp_path: Path) -> Path:
     root = tmp_path / "node-root"
-    (root / "vllm").mkdir(parents=True)
+    restore.prepare(root)  # as a miss leaves it: vLLM compiled into it
     (root / "vllm" / "previous.json").write_text("previous cache")
     return root
 
 
 def _unchanged(root: Path) -> bool:
     return ((root / "vllm" / "previous.json").read_text() == "previous cache" and not (root / restore.MARKER).exists()
-            and [p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir()] == ["vllm/previous.json"]
+            and sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir())
+            == [restore.PREPARED, "vllm/previous.json"]
             and not [p for p in root.parent.iterdir() if ".staging-" in p.name or p.name.startswith(".warmer-blob")])
 
 
@@ -341,9 +343,9 @@ def test_a_layer_corrupted_in_the_registry_is_refused(oci_registry, oci_env, art
     data.write_bytes(bytes(damaged))
     root = _node_with_previous_cache(tmp_path)
     got = fetch.fetch(tiny_recipe(), open_store(oci_registry.url(repo)), root)
-    assert got["status"] == "error"
-    assert any("not activated" in w and "hashed to" in w and "each of 3 downloads" in w for w in got["warnings"]), \
-        got["warnings"]
+    assert got.status == "error"
+    assert any("not activated" in w and "hashed to" in w and "each of 3 downloads" in w for w in got.warnings), \
+        got.warnings
     assert _unchanged(root)
     with pytest.raises(BlobCorrupt):
         store.open_blob(artifact["sha256"], spool_dir=tmp_path)
@@ -411,13 +413,13 @@ def test_publish_survives_throttling_resets_and_lost_answers(oci_registry, oci_p
     store = OCIStore(f"oci://127.0.0.1:{oci_proxy.url.rsplit(':', 1)[1]}/{repo}", chunk_size=1 * MiB)
     result = build.publish(store, packed["artifact"])
     assert [r.fired for r in rules] == [1] * len(rules)
-    assert result["status"] == "published" and result["blob_uploaded"]
+    assert result.status == "published" and result.blob_uploaded
     patches = [r for r in oci_proxy.requests if r.method == "PATCH"]
     assert all(re.match(r"^\d+-\d+$", r.headers["content-range"]) for r in patches)
     assert any(r.method == "GET" and "/blobs/uploads/" in r.path for r in oci_proxy.requests)  # asked where it stood
     blob = oci_registry.blob_file(repo, packed["sha256"]).read_bytes()
     assert hashlib.sha256(blob).hexdigest() == packed["sha256"]
-    entry = json.loads(open_store(oci_registry.url(repo)).get_index("tiny", packed["doc"]["key"]))
+    entry = json.loads(open_store(oci_registry.url(repo)).get_index("tiny", packed["doc"].key))
     assert entry["blob"]["sha256"] == packed["sha256"]
 
 
@@ -446,7 +448,7 @@ def test_fetch_survives_throttling_resets_and_cut_bodies(published_3mib, oci_pro
     root = _node_with_previous_cache(tmp_path)
     got = fetch.fetch(tiny_recipe(), _via_proxy(oci_proxy, published_3mib["repo"]), root)
     assert [r.fired for r in rules] == [1] * len(rules)
-    assert got["status"] == "hit", got["warnings"]
+    assert got.status == "hit", got.warnings
     for rel, content in published_3mib["files"].items():
         assert (root / rel).read_bytes() == content
     ranged = [r for r in oci_proxy.requests if _blob_get(r) and "range" in r.headers]
@@ -457,14 +459,14 @@ def test_an_exact_fetch_is_one_manifest_get_one_config_get_and_the_layer(publish
     store = _via_proxy(oci_proxy, published_3mib["repo"], settle_s=0)  # no racers here
     for n in range(20):  # more tags in the repository change nothing
         other = tmp_path / f"other{n}.tar.zst"
-        doc = build.pack_root(tmp_path / "build-root", tiny_recipe(max_model_len=256 + n), other)
+        doc = build.pack_root(tmp_path / "build-root", tiny_recipe(max_model_len=256 + n), other).to_json()
         store.put_blob(str(other), hashlib.sha256(other.read_bytes()).hexdigest())
         entry = {"schema": 1, "recipe": "tiny", "key": doc["key"], "artifact": doc, "signature": None,
                  "blob": {"sha256": hashlib.sha256(other.read_bytes()).hexdigest(), "size": other.stat().st_size},
                  "published_at": "2026-01-01T00:00:00+00:00"}
         assert store.put_index("tiny", doc["key"], json.dumps(entry).encode())
     oci_proxy.clear()
-    assert fetch.fetch(tiny_recipe(), store, tmp_path / "node-root")["status"] == "hit"
+    assert fetch.fetch(tiny_recipe(), store, tmp_path / "node-root").status == "hit"
     others = [(r.method, r.path.split("/")[-2]) for r in oci_proxy.requests
               if not (_blob_get(r) and "range" in r.headers)]
     assert others == [("GET", "manifests"), ("GET", "blobs")]  # the tag, then artifact.json
@@ -475,7 +477,7 @@ def test_an_exact_fetch_is_one_manifest_get_one_config_get_and_the_layer(publish
 def test_a_corrupted_download_is_fetched_again(published_3mib, oci_proxy, tmp_path):
     rule = oci_proxy.inject("corrupt", lambda r: _blob_get(r) and "range" in r.headers)
     got = fetch.fetch(tiny_recipe(), _via_proxy(oci_proxy, published_3mib["repo"]), tmp_path / "node-root")
-    assert rule.fired == 1 and got["status"] == "hit", got["warnings"]
+    assert rule.fired == 1 and got.status == "hit", got.warnings
     parts = -(-published_3mib["artifact"].stat().st_size // MiB)
     assert len([r for r in oci_proxy.requests if _blob_get(r) and "range" in r.headers]) == 2 * parts
 
@@ -485,9 +487,9 @@ def test_bytes_that_never_match_are_never_activated(published_3mib, oci_proxy, t
     rule = oci_proxy.inject(action, lambda r: _blob_get(r) and "range" in r.headers, times=None)
     root = _node_with_previous_cache(tmp_path)
     got = fetch.fetch(tiny_recipe(), _via_proxy(oci_proxy, published_3mib["repo"]), root)
-    assert rule.fired > 0 and got["status"] == "error"
+    assert rule.fired > 0 and got.status == "error"
     expected = "hashed to" if action == "corrupt" else "was cut short 5 times"
-    assert any("not activated" in w and "unchanged" in w and expected in w for w in got["warnings"]), got["warnings"]
+    assert any("not activated" in w and "unchanged" in w and expected in w for w in got.warnings), got.warnings
     assert _unchanged(root)
 
 
@@ -520,9 +522,9 @@ def test_errors_name_the_fix(oci_registry, oci_env, artifact, tmp_path):
     for bad in ("oci://127.0.0.1:5000", "oci://127.0.0.1:5000/Upper/case", "oci://host/repo:tag"):
         with pytest.raises(StoreError, match="is not oci://REGISTRY/REPOSITORY"):
             open_store(bad)
-    with pytest.raises(StoreError, match="--endpoint-url and --s3-path-style apply to s3:// stores"):
+    with pytest.raises(UsageError, match="--endpoint-url and --s3-path-style apply to s3:// stores"):
         open_store("oci://127.0.0.1:5000/x", endpoint_url="http://x")
-    with pytest.raises(StoreError, match="--insecure-registry applies to oci:// stores"):
+    with pytest.raises(UsageError, match="--insecure-registry applies to oci:// stores"):
         open_store(f"file://{tmp_path}", insecure_registry=True)
 
 
@@ -545,7 +547,7 @@ def test_a_413_from_a_proxy_and_a_registry_without_oci_artifacts_name_the_fix(oc
                                              r"lower WARMER_OCI_CHUNK_MIB"):
             build.publish(store, packed["artifact"])
         store.chunk_size = 1 * MiB - 4096  # under the limit: it goes through
-        assert build.publish(store, packed["artifact"])["status"] == "published"
+        assert build.publish(store, packed["artifact"]).status == "published"
     finally:
         proxy.close()
     proxy = GatewayProxy(("127.0.0.1", oci_registry.port), no_oci_artifacts)

@@ -165,12 +165,12 @@ def open_store(url: str, *, endpoint_url: str | None = None, path_style: bool | 
     """
     if url.startswith("oci://"):
         if endpoint_url or path_style:
-            raise StoreError(f"--endpoint-url and --s3-path-style apply to s3:// stores, not to {url}")
+            raise UsageError(f"--endpoint-url and --s3-path-style apply to s3:// stores, not to {url}")
         from warmer.store.oci import OCIStore
 
         return OCIStore(url, insecure_registry=insecure_registry, progress=progress)
     if insecure_registry:
-        raise StoreError(f"--insecure-registry applies to oci:// stores, not to {url}")
+        raise UsageError(f"--insecure-registry applies to oci:// stores, not to {url}")
     if url.startswith("s3://"):
         from warmer.store.s3 import S3Store
 
@@ -184,5 +184,5 @@ def open_store(url: str, *, endpoint_url: str | None = None, path_style: bool | 
     if "://" not in url:
         return FileStore(url)
     scheme = url.split("://", 1)[0]
-    raise StoreError(f"store {url!r}: scheme {scheme}:// is not supported; "
+    raise UsageError(f"store {url!r}: scheme {scheme}:// is not supported; "
                      "use file:///path/to/dir, s3://bucket/prefix or oci://registry/repository")
