@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from warmer import build as _build, catalog, doctor as _doctor, explain as _explain
-from warmer import fetch as _fetch, fingerprint as _fingerprint, flashinfer_jit, restore as _restore
+from warmer import fetch as _fetch, fingerprint as _fingerprint, fleet, flashinfer_jit, restore as _restore
 from warmer import matrix as _matrix, serving, signing, verify as _verify
 from warmer.artifact import Artifact
 from warmer.atomic import write_bytes
@@ -90,6 +90,27 @@ def fetch(recipe_file: PathLike | Recipe, store_url: str | Store, root: PathLike
     return _fetch.fetch(recipe(recipe_file), store_url, Path(root), max_bytes=max_bytes,
                         trusted_keys=tuple(trusted_keys), gpus=gpus, offline=offline, lock_timeout=lock_timeout,
                         store_options={k: v for k, v in store_options.items() if v is not None})
+
+
+def fetch_all(manifests: PathLike, store_url: str, root_base: PathLike, *, parallel: int = 2,
+              skus: PathLike | None = None, trusted_keys=(), max_bytes: int = _restore.DEFAULT_MAX_BYTES,
+              offline: bool = False, lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT,
+              **store_options) -> list[fleet.Outcome]:
+    """Every recipe under manifests whose targets include this node's SKU, into root_base/RECIPE."""
+    return fleet.fetch_all(Path(manifests), store_url, Path(root_base), parallel=parallel,
+                           skus=Path(skus) if skus else None,
+                           store_options={k: v for k, v in store_options.items() if v is not None},
+                           trusted_keys=tuple(trusted_keys), max_bytes=max_bytes, offline=offline,
+                           lock_timeout=lock_timeout)
+
+
+def write_fetch_metrics(path: PathLike, outcomes: list[fleet.Outcome]) -> None:
+    """node_exporter textfile-collector metrics of fetch outcomes, replaced whole."""
+    fleet.write_metrics(Path(path), outcomes)
+
+
+def local_roots(root_base: PathLike) -> list[fleet.LocalRoot]:
+    return fleet.local_roots(Path(root_base))
 
 
 def restore(artifact_file: PathLike, root: PathLike, *, trusted_keys=(), signature_file: PathLike | None = None,
@@ -206,6 +227,6 @@ def flashinfer_check(root: PathLike, *, recipe_file: PathLike | None = None, bac
     return flashinfer_jit.report(root, env, built, backdate_inputs=backdate, include_site_packages=include_site_packages)
 
 
-__all__ = ["Inspection", "Packed", "build", "doctor", "explain", "fetch", "fingerprint", "flashinfer_check", "gc",
+__all__ = ["Inspection", "Packed", "build", "doctor", "explain", "fetch", "fetch_all", "fingerprint", "local_roots", "flashinfer_check", "gc",
            "inspect", "ls", "matrix", "pack", "publish", "recipe", "restore", "rm", "serve", "serve_plan", "serving_env", "store",
            "verify", "write_env"]

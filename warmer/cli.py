@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 
@@ -21,16 +22,26 @@ def _emit(args, result, human: str) -> None:
           if args.json else human)
 
 
+QUIET = False  # --quiet: errors only on stderr
+
+
 def _warn(lines) -> None:
+    if QUIET:
+        return
     for line in lines:
         print(f"warmer: warning: {line}", file=sys.stderr)
+
+
+def _say(text: str) -> None:
+    if not QUIET:
+        print(text, file=sys.stderr)
 
 
 def _store_options(args) -> dict:
     # Transfer bars only for a person at a terminal: never in pipelines or with --json.
     return {"endpoint_url": getattr(args, "endpoint_url", None), "path_style": getattr(args, "s3_path_style", None) or None,
             "insecure_registry": getattr(args, "insecure_registry", None) or None,
-            "progress": sys.stderr.isatty() and not args.json}
+            "progress": sys.stderr.isatty() and not args.json and not QUIET}
 
 
 def cmd_fingerprint(args) -> int:
@@ -89,17 +100,41 @@ def _write_env(args, env) -> None:
 
 
 def cmd_fetch(args) -> int:
+    if args.all:
+        return _fetch_all(args)
+    if not args.recipe or not args.root:
+        raise errors.UsageError("fetch needs RECIPE and --root (or WARMER_ROOT), or --all MANIFESTS --root-base DIR")
     recipe = api.recipe(args.recipe)
     _warn(recipe.notes)
     result = api.fetch(recipe, args.store, args.root, gpus_from=args.gpus_from, trusted_keys=args.trusted_key or (),
                        max_bytes=args.max_bytes, offline=args.offline, lock_timeout=args.lock_timeout,
                        **_store_options(args))
     _warn(result.warnings)
-    print(report.fetch(result), file=sys.stderr)
+    _say(report.fetch(result))
     _write_env(args, result.env)
+    if args.metrics_file:
+        api.write_fetch_metrics(args.metrics_file, [api.fleet.Outcome(result.recipe, result.root, result,
+                                                                      result.restore.seconds if result.restore else 0.0)])
     if args.json:
         print(json.dumps(result.to_json(), indent=1, default=str))
     return EXIT_OK if result.hit or not args.require else EXIT_MISS
+
+
+def _fetch_all(args) -> int:
+    if args.recipe or args.env_file or args.gpus_from:
+        raise errors.UsageError("fetch --all takes no RECIPE, --env-file or --gpus-from: each recipe goes into "
+                                "--root-base/RECIPE, and its pods' own fetch writes their env file")
+    outcomes = api.fetch_all(args.all, args.store, args.root_base, parallel=args.parallel, skus=args.skus,
+                             trusted_keys=args.trusted_key or (), max_bytes=args.max_bytes, offline=args.offline,
+                             lock_timeout=args.lock_timeout, **_store_options(args))
+    for o in outcomes:
+        _say(f"warmer fetch --all: {o.line()}")
+    if args.metrics_file:
+        api.write_fetch_metrics(args.metrics_file, outcomes)
+    if args.json:
+        print(json.dumps([o.to_json() for o in outcomes], indent=1, default=str))
+    fetched = [o for o in outcomes if o.result is not None]
+    return EXIT_MISS if args.require and not all(o.result.hit for o in fetched) else EXIT_OK
 
 
 def cmd_restore(args) -> int:
@@ -133,6 +168,12 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_ls(args) -> int:
+    if args.root_base:
+        roots = api.local_roots(args.root_base)
+        _emit(args, [r.to_json() for r in roots], report.local_roots(args.root_base, roots))
+        return EXIT_OK
+    if not args.store:
+        raise errors.UsageError("ls needs --store URL (what a store holds) or --root-base DIR (the roots on this node)")
     result = api.ls(args.store, args.recipe, **_store_options(args))
     _emit(args, result, report.ls(result))
     return EXIT_OK
@@ -146,7 +187,7 @@ def cmd_gc(args) -> int:
 
 def cmd_rm(args) -> int:
     result = api.rm(args.entry, yes=args.yes, **_store_options(args))
-    print(f"warmer: rm: {report.rm(result)}", file=sys.stderr)
+    _say(f"warmer: rm: {report.rm(result)}")
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
     return EXIT_OK if args.yes else errors.EXIT_USAGE
@@ -185,7 +226,12 @@ def cmd_doctor(args) -> int:
     return EXIT_OK if result.ok else EXIT_FINDINGS
 
 
-EPILOG = "exit codes:\n" + errors.exit_code_table()
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+EPILOG = ("environment: WARMER_STORE, WARMER_ROOT, WARMER_TRUSTED_KEY and WARMER_REQUIRE are the defaults of\n"
+          "--store, --root, --trusted-key and --require; a flag wins.\n\nexit codes:\n" + errors.exit_code_table())
 
 
 def parser() -> argparse.ArgumentParser:
@@ -193,6 +239,7 @@ def parser() -> argparse.ArgumentParser:
                                 "start every later node warm.", epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"warmer {__version__}")
+    p.add_argument("-q", "--quiet", action="store_true", help="print errors only on stderr (no warnings, no progress)")
     sub = p.add_subparsers(dest="command", required=True)
 
     def cmd(name, fn, help_):
@@ -214,14 +261,22 @@ def parser() -> argparse.ArgumentParser:
         c.add_argument("--sign-key", help="Ed25519 private key (PEM) to sign the artifact with")
 
     def trust(c):
-        c.add_argument("--trusted-key", action="append", metavar="PUBKEY",
+        default = [k for k in os.environ.get("WARMER_TRUSTED_KEY", "").split(os.pathsep) if k] or None
+        c.add_argument("--trusted-key", action="append", metavar="PUBKEY", default=default,
                        help="Ed25519 public key (PEM); when given, only artifacts it signed are restored "
-                            "(repeat for several keys)")
+                            "(repeat for several keys; env WARMER_TRUSTED_KEY, several separated by ':')")
 
-    def store(c):
-        c.add_argument("--store", required=True, metavar="URL",
-                       help="where artifacts live: file:///abs/dir, s3://bucket/prefix or oci://registry/repository")
+    def store(c, required=True):
+        default = os.environ.get("WARMER_STORE")
+        c.add_argument("--store", required=required and not default, default=default, metavar="URL",
+                       help="where artifacts live: file:///abs/dir, s3://bucket/prefix or oci://registry/repository "
+                            f"(env WARMER_STORE{', now ' + default if default else ''})")
         s3(c)
+
+    def root(c, required=True, what="the directory vLLM's caches live under (the build's root path)"):
+        default = os.environ.get("WARMER_ROOT")
+        c.add_argument("--root", required=required and not default, default=default,
+                       help=f"{what} (env WARMER_ROOT{', now ' + default if default else ''})")
 
     def s3(c):
         c.add_argument("--endpoint-url", help="S3-compatible endpoint (default: boto3's, e.g. AWS_ENDPOINT_URL)")
@@ -251,7 +306,7 @@ def parser() -> argparse.ArgumentParser:
     c = cmd("build", cmd_build, "warm a recipe from cold, pack, verify and publish")
     recipe(c)
     store(c)
-    c.add_argument("--root", required=True, help="empty directory, the path nodes serve from: all caches live under it")
+    root(c, what="an empty directory, the path nodes serve from: all caches live under it")
     c.add_argument("--workdir", help="logs and the artifact file (default: a new temporary directory)")
     c.add_argument("--allow-partial", action="store_true", help="publish even if verify sees recompiles")
     c.add_argument("--step-summary", metavar="FILE",
@@ -271,10 +326,21 @@ def parser() -> argparse.ArgumentParser:
     sign_key(c)
 
     c = cmd("fetch", cmd_fetch, "node bootstrap: fetch this node's artifact, restore it, print the env")
-    recipe(c)
+    c.add_argument("recipe", metavar="RECIPE", nargs="?", help="a recipe file, e.g. manifests/models/NAME.toml")
     store(c)
-    c.add_argument("--root", required=True, help="the directory vLLM's caches live under (the build's root path)")
-    c.add_argument("--require", action="store_true", help=f"exit {EXIT_MISS} on a miss instead of 0")
+    root(c, required=False)
+    c.add_argument("--require", action="store_true", default=_env_flag("WARMER_REQUIRE"),
+                   help=f"exit {EXIT_MISS} on a miss instead of 0 (env WARMER_REQUIRE=1)")
+    c.add_argument("--all", metavar="MANIFESTS",
+                   help="every recipe in MANIFESTS (a directory with skus.toml and models/) that targets this node's "
+                        "SKU, each into --root-base/RECIPE: node bootstrap at the node (DaemonSet, systemd unit)")
+    c.add_argument("--root-base", default=matrix.DEFAULT_ROOT_BASE, metavar="DIR",
+                   help="with --all: each recipe's root is DIR/RECIPE, the path CI built it at (default /cache)")
+    c.add_argument("--skus", help="with --all: the SKU catalogue (default: skus.toml in or above MANIFESTS)")
+    c.add_argument("--parallel", type=int, default=2, metavar="N", help="with --all: recipes fetched at once")
+    c.add_argument("--metrics-file", metavar="PATH",
+                   help="write node_exporter textfile-collector metrics (warmer_fetch_seconds, warmer_artifact_bytes, "
+                        "warmer_fetch_status) to PATH, e.g. /var/lib/node_exporter/textfile/warmer.prom")
     c.add_argument("--gpus-from", metavar="FILE",
                    help="fetch for the GPUs of this saved fingerprint (`warmer fingerprint --json` on a serving "
                         "node), not this machine's: an image build on a machine without the target GPU")
@@ -284,7 +350,7 @@ def parser() -> argparse.ArgumentParser:
 
     c = cmd("restore", cmd_restore, "restore a local artifact file into a root")
     c.add_argument("file", metavar="ARTIFACT", help="an artifact file")
-    c.add_argument("--root", required=True, help="the directory vLLM's caches live under (the build's root path)")
+    root(c)
     c.add_argument("--recipe", help="also print (or --env-file) the env for serving this recipe")
     c.add_argument("--force", action="store_true", help="replace a directory at --root that warmer did not create")
     env_out(c)
@@ -294,12 +360,12 @@ def parser() -> argparse.ArgumentParser:
 
     c = cmd("verify", cmd_verify, "start the engine on a root again and prove the cache is hit")
     recipe(c)
-    c.add_argument("--root", required=True, help="a root holding a restored artifact")
+    root(c, what="a root holding a restored artifact")
     c.add_argument("--workdir", help="logs (default: a new temporary directory)")
 
     c = cmd("flashinfer-check", cmd_flashinfer_check,
             "will FlashInfer rebuild the JIT modules under a root? contract, ninja dry run, newer inputs")
-    c.add_argument("--root", required=True, help="a root holding a restored artifact")
+    root(c, what="a root holding a restored artifact")
     c.add_argument("--recipe", help="check in the env this recipe serves with")
     c.add_argument("--backdate", action="store_true",
                    help="set inputs newer than the cache to just before it (files in the root only, unless "
@@ -312,9 +378,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--full", action="store_true", help="with --json: the whole artifact.json, file list included")
     s3(c)
 
-    c = cmd("ls", cmd_ls, "list the artifacts published in a store")
-    store(c)
+    c = cmd("ls", cmd_ls, "list the artifacts published in a store, or the roots on this node (--root-base)")
+    store(c, required=False)
     c.add_argument("--recipe", help="only this recipe's artifacts (its name)")
+    c.add_argument("--root-base", metavar="DIR",
+                   help="list the roots under DIR on this node instead: recipe, key, size, restored when, and "
+                        "whether the artifact still fits this node")
 
     c = cmd("gc", cmd_gc, "delete all but the newest artifacts of each recipe and machine kind, and unused blobs")
     store(c)
@@ -340,7 +409,7 @@ def parser() -> argparse.ArgumentParser:
     c = cmd("serve", cmd_serve, "start vLLM exactly as warmed: the recipe's model and engine args as `vllm serve` "
             "flags, the env for the root's artifact, and a check that vLLM's own compile key will hold")
     recipe(c)
-    c.add_argument("--root", required=True, help="the root the artifact was fetched into")
+    root(c, what="the root the artifact was fetched into")
     c.add_argument("--env-file", help="an env file (warmer fetch --env-file) applied on top")
     c.add_argument("--offline", action="store_true", help="forbid FlashInfer downloads (FLASHINFER_NO_DOWNLOAD=1)")
     c.add_argument("--dry-run", action="store_true", help="print the env and the command, start nothing")
@@ -373,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     if extra and args.command != "serve":
         parser().error(f"`-- {' '.join(extra)}`: only `warmer serve` passes flags on (to vLLM)")
     args.extra = extra
+    global QUIET
+    QUIET = args.quiet
     # SIGTERM becomes an exception in the main thread, so that what a command started (the vLLM
     # engine's process group, a staging directory) is cleaned up on the way out.
     signal.signal(signal.SIGTERM, _terminated)

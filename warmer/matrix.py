@@ -16,6 +16,8 @@ from warmer.errors import UsageError
 from warmer.recipe import NAME_RE
 
 CATALOGUE = "skus.toml"
+# Kubernetes' names of CPU architectures (kubernetes.io/arch) as platform.machine() spells them.
+KUBE_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
 DEFAULT_ROOT_BASE = "/cache"
 
 
@@ -32,6 +34,14 @@ class Sku:
     gpu_name: str | None = None
     compute_capability: str | None = None
     uncertain: bool = False
+
+    def matches(self, fp) -> bool:
+        """Whether a node (warmer.fingerprint.Fingerprint) is of this SKU: its GPU's name, or for a
+        CPU SKU no GPU and the CPU architecture its node selector names."""
+        if self.gpu_name:
+            return fp.gpu.count > 0 and fp.gpu.name == self.gpu_name
+        arch = self.node_selector.get("kubernetes.io/arch")
+        return fp.gpu.count == 0 and (arch is None or KUBE_ARCH.get(arch, arch) == fp.machine)
 
 
 def _strings(value) -> bool:

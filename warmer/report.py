@@ -263,3 +263,15 @@ def step_summary(r: BuildResult | None, *, recipe: str, error: str | None = None
         lines += ["", "| phase | cold | restored |", "|---|---:|---:|"]
         lines += [f"| {label} | {seconds(c)} | {seconds(w)} |" for label, c, w in rows]
     return "\n".join(lines) + "\n"
+
+
+def local_roots(base, roots) -> str:
+    """The roots on this node (warmer ls --root-base)."""
+    if not roots:
+        return f"{base}: no roots"
+    lines = [f"{'RECIPE':<28} {'KEY':<16} {'SIZE':>10} {'RESTORED':<25} FITS"]
+    for r in roots:
+        fits = "-" if r.fits is None else "yes" if r.fits else "NO: " + "; ".join(r.why_not)
+        lines.append(f"{r.recipe:<28} {(r.key or 'none active')[:16]:<16} {r.bytes / 1e6:>7.1f} MB "
+                     f"{r.restored_at or '-':<25} {fits}")
+    return "\n".join(lines)

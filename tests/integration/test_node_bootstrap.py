@@ -1,0 +1,143 @@
+"""Node bootstrap at the node: `warmer fetch --all` against a real S3 API (moto on loopback), and the
+systemd unit and the prefetch DaemonSet that run it, with their commands run as they are written."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, run_warmer
+from warmer import build, restore
+from warmer.recipe import parse
+from warmer.store import open_store
+
+MANIFESTS = REPO / "manifests"
+SKUS = """
+[defaults]
+image = "registry.example.com/vllm-warmer:v0.32.0"
+[sku.cpu-x86_64]
+runs_on = ["ubuntu-latest"]
+node_selector = { "kubernetes.io/arch" = "amd64" }
+[sku.h200]
+gpu_name = "NVIDIA H200"
+runs_on = ["self-hosted", "gpu-h200"]
+node_selector = { "nvidia.com/gpu.product" = "NVIDIA-H200" }
+"""
+# Three recipes; this (CPU, x86_64) node's SKU is cpu-x86_64: two of them are its.
+RECIPES = {"alpha": ["cpu-x86_64"], "beta": ["cpu-x86_64", "h200"], "gamma": ["h200"]}
+
+
+def _recipe_text(name: str, targets: list[str]) -> str:
+    return (f'name = "{name}"\ntargets = {json.dumps(targets)}\n[model]\npath = "/models/{name}"\n'
+            '[engine]\nmax_num_seqs = 4\nmax_num_batched_tokens = 128\n[workload]\nprompt_lengths = [8]\n')
+
+
+@pytest.fixture
+def fleet(tmp_path, packed, s3_url):
+    if os.uname().machine != "x86_64":
+        pytest.skip("the fixture's CPU SKU is x86_64")
+    manifests = tmp_path / "manifests"
+    (manifests / "models").mkdir(parents=True)
+    (manifests / "skus.toml").write_text(SKUS)
+    store = open_store(s3_url)
+    for name, targets in RECIPES.items():
+        path = manifests / "models" / f"{name}.toml"
+        path.write_text(_recipe_text(name, targets))
+        recipe = parse(tomllib.loads(path.read_text()), path)
+        build.publish(store, packed(name, recipe=recipe).path)
+    return manifests, s3_url
+
+
+def _prom(text: str) -> dict[str, float]:
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def test_fetch_all_takes_the_recipes_of_this_nodes_sku(fleet, tmp_path):
+    manifests, store = fleet
+    base, metrics = tmp_path / "cache", tmp_path / "textfile" / "warmer.prom"
+    metrics.parent.mkdir()
+    out = run_warmer("fetch", "--all", manifests, "--store", store, "--root-base", base, "--metrics-file", metrics,
+                     "--json")
+    assert out.returncode == 0, out.stderr
+    got = {o["recipe"]: o for o in json.loads(out.stdout)}
+    assert {n: o["status"] for n, o in got.items()} == {"alpha": "hit", "beta": "hit", "gamma": "skipped"}
+    assert "this node is cpu-x86_64" in got["gamma"]["why"]
+    assert restore.active(base / "alpha").artifact.recipe.name == "alpha" and not (base / "gamma").exists()
+    assert [ln.split(": ")[2].split()[0] for ln in out.stderr.splitlines() if ln.startswith("warmer fetch --all")] \
+        == ["hit", "hit", "skipped"]
+    prom = _prom(metrics.read_text())
+    assert prom['warmer_fetch_status{recipe="alpha",status="hit"}'] == 1
+    assert prom['warmer_fetch_status{recipe="alpha",status="miss"}'] == 0
+    assert prom['warmer_artifact_bytes{recipe="beta"}'] == restore.active(base / "beta").artifact.total_bytes > 0
+    assert prom['warmer_fetch_seconds{recipe="alpha"}'] > 0 and not [k for k in prom if "gamma" in k]
+    again = json.loads(run_warmer("fetch", "--all", manifests, "--store", store, "--root-base", base, "--json").stdout)
+    assert {o["recipe"]: o["status"] for o in again} == {"alpha": "already-active", "beta": "already-active",
+                                                         "gamma": "skipped"}
+    listed = json.loads(run_warmer("ls", "--root-base", base, "--json").stdout)
+    assert [(r["recipe"], r["fits"]) for r in listed] == [("alpha", True), ("beta", True)]
+
+
+def test_a_miss_among_them_is_a_slow_start_unless_required(fleet, tmp_path):
+    manifests, store = fleet
+    (manifests / "models" / "delta.toml").write_text(_recipe_text("delta", ["cpu-x86_64"]))  # never published
+    args = ["fetch", "--all", manifests, "--store", store, "--root-base", tmp_path / "cache"]
+    out = run_warmer(*args)
+    assert out.returncode == 0 and "delta: miss" in out.stderr and "alpha: hit" in out.stderr
+    assert run_warmer(*args, "--require").returncode == 3
+
+
+def _exec_start(unit: Path) -> list[str]:
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    parser.read_string(unit.read_text())
+    return shlex.split(parser["Service"]["ExecStart"])
+
+
+def test_the_systemd_unit_runs_fetch_all_and_a_miss_never_fails_the_boot(fleet, tmp_path):
+    manifests, store = fleet
+    unit = MANIFESTS / "node" / "warmer-prefetch.service"
+    argv = _exec_start(unit)
+    assert argv[:3] == ["/usr/local/bin/warmer", "fetch", "--all"]
+    text = unit.read_text()
+    assert "SuccessExitStatus=0 3" in text and "Before=vllm.service" in text and "EnvironmentFile=-" in text
+    assert "OnUnitActiveSec" in (MANIFESTS / "node" / "warmer-prefetch.timer").read_text()
+    # The unit's command, its paths moved under tmp_path, run with the store from the env file.
+    metrics = tmp_path / "warmer.prom"
+    moved = {"/etc/warmer": str(manifests), "/cache": str(tmp_path / "cache"),
+             "/var/lib/node_exporter/textfile_collector/warmer.prom": str(metrics)}
+    out = run_warmer(*[moved.get(a, a) for a in argv[1:]], env={**os.environ, "WARMER_STORE": store})
+    assert out.returncode == 0, out.stderr
+    assert "alpha: hit" in out.stderr and "gamma: skipped" in out.stderr and metrics.exists()
+    # A store that cannot be reached: still exit 0, the boot goes on.
+    down = run_warmer(*[moved.get(a, a) for a in argv[1:]], env={**os.environ, "WARMER_STORE": "s3://no-such-bucket-x"})
+    assert down.returncode == 0 and "Traceback" not in down.stderr
+
+
+def test_the_prefetch_daemonset_fills_the_hostpath_the_pods_read(fleet, tmp_path):
+    manifests, store = fleet
+    ds = yaml.safe_load((MANIFESTS / "k8s" / "warmer-prefetch-daemonset.yaml").read_text())
+    assert ds["kind"] == "DaemonSet"
+    spec = ds["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    deployment = next(d for d in yaml.safe_load_all((MANIFESTS / "k8s" / "vllm-deployment.yaml").read_text())
+                      if d["kind"] == "Deployment")
+    pod_volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes[mounts["/cache"]]["hostPath"]["path"] == pod_volumes["cache"]["hostPath"]["path"]
+    assert "configMap" in volumes[mounts["/etc/warmer/models"]]
+    assert "nvidia.com/gpu" not in str(c.get("resources"))  # takes no GPU from vLLM
+    # The loop's fetch, its paths moved under tmp_path, run once.
+    (line,) = [ln.strip() for ln in c["args"][0].splitlines() if ln.strip().startswith("warmer fetch")]
+    argv = shlex.split(line)
+    moved = {"/etc/warmer": str(manifests), "/cache": str(tmp_path / "cache"),
+             "/metrics/warmer.prom": str(tmp_path / "warmer.prom")}
+    out = run_warmer(*[moved.get(a, a) for a in argv[1:]], "--store", store)
+    assert out.returncode == 0 and "alpha: hit" in out.stderr and "beta: hit" in out.stderr

@@ -1,0 +1,139 @@
+"""Node bootstrap at the node: every recipe this node's SKU serves, fetched before any pod asks.
+
+`warmer fetch --all MANIFESTS --root-base DIR` reads the SKU catalogue (skus.toml) and the
+recipes beside it, finds the SKUs this node is (by its fingerprint), and fetches each recipe that
+targets one of them into DIR/RECIPE, a few at a time. A prefetch DaemonSet or a systemd unit runs
+it when a node joins and again on a timer; the pods' own init containers then find their recipe
+already active (a no-op in milliseconds). Each fetch is fetch.fetch: a miss is a result, never
+an error. `--metrics-file` writes the outcome as node_exporter textfile-collector metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from warmer import fetch, fingerprint, matrix, restore
+from warmer.atomic import write_bytes
+from warmer.recipe import Recipe, load
+
+
+@dataclass(frozen=True)
+class Outcome:
+    recipe: str
+    root: str
+    result: fetch.FetchResult | None      # None: not fetched (the recipe targets no SKU of this node)
+    seconds: float
+    why_skipped: str | None = None
+
+    def line(self) -> str:
+        if self.result is None:
+            return f"{self.recipe}: skipped ({self.why_skipped})"
+        r = self.result
+        tail = ""
+        if not r.hit:
+            tail = f": {r.warnings[-1]}" if r.warnings else ""
+        return f"{self.recipe}: {r.status} in {self.seconds:.1f} s, root {self.root}{tail}"
+
+    def to_json(self) -> dict:
+        doc = {"recipe": self.recipe, "root": self.root, "seconds": round(self.seconds, 3)}
+        if self.result is None:
+            doc.update(status="skipped", why=self.why_skipped)
+        else:
+            doc.update(self.result.to_json())
+        return doc
+
+
+def recipes_for_node(manifests: Path, node, *, skus: Path | None = None) -> tuple[list[Recipe], list[tuple[str, str]]]:
+    """(recipes that target a SKU this node is, [(recipe file, why skipped)] for the others)."""
+    catalogue = skus or matrix.find_catalogue([manifests])
+    catalogue_skus = matrix.load_skus(catalogue)
+    mine = {name for name, sku in catalogue_skus.items() if sku.matches(node)}
+    chosen, skipped = [], []
+    for f in matrix.recipe_files([manifests]):
+        recipe = load(f)
+        hits = sorted(mine & set(recipe.targets))
+        if hits:
+            chosen.append(recipe)
+        else:
+            skipped.append((recipe.name, f"targets {', '.join(recipe.targets) or 'no SKU'}; this node is "
+                                         f"{', '.join(sorted(mine)) or 'no SKU in ' + str(catalogue)}"))
+    return chosen, skipped
+
+
+def fetch_all(manifests: Path, store_url: str, root_base: Path, *, parallel: int = 2, skus: Path | None = None,
+              store_options: dict | None = None, **fetch_options) -> list[Outcome]:
+    """Fetch every recipe for this node's SKU into root_base/RECIPE, `parallel` at a time."""
+    node = fingerprint.probe()
+    chosen, skipped = recipes_for_node(manifests, node, skus=skus)
+    root_base = Path(root_base).absolute()
+
+    def one(recipe: Recipe) -> Outcome:
+        t0 = time.perf_counter()
+        root = root_base / recipe.name
+        result = fetch.fetch(recipe, store_url, root, store_options=store_options, **fetch_options)
+        return Outcome(recipe.name, str(root), result, time.perf_counter() - t0)
+
+    with ThreadPoolExecutor(max(1, parallel)) as pool:
+        done = list(pool.map(one, chosen))
+    return done + [Outcome(name, str(root_base / name), None, 0.0, why) for name, why in skipped]
+
+
+def metrics(outcomes: list[Outcome]) -> str:
+    """node_exporter textfile-collector metrics (Prometheus text format) of fetch outcomes."""
+    statuses = ("hit", "already-active", "miss", "misfit", "untrusted", "rollback", "error")
+    lines = ["# HELP warmer_fetch_seconds Seconds the last warmer fetch of a recipe took.",
+             "# TYPE warmer_fetch_seconds gauge",
+             "# HELP warmer_artifact_bytes Bytes of cache the artifact active for a recipe holds (0: none).",
+             "# TYPE warmer_artifact_bytes gauge",
+             "# HELP warmer_fetch_status 1 for the outcome of the last warmer fetch of a recipe, 0 for the others.",
+             "# TYPE warmer_fetch_status gauge"]
+    for o in outcomes:
+        if o.result is None:
+            continue
+        label = o.recipe.replace("\\", "\\\\").replace('"', '\\"')
+        marker = restore.active(Path(o.root))
+        lines.append(f'warmer_fetch_seconds{{recipe="{label}"}} {o.seconds:.3f}')
+        lines.append(f'warmer_artifact_bytes{{recipe="{label}"}} {marker.artifact.total_bytes if marker else 0}')
+        lines += [f'warmer_fetch_status{{recipe="{label}",status="{s}"}} {int(o.result.status == s)}'
+                  for s in statuses]
+    return "\n".join(lines) + "\n"
+
+
+def write_metrics(path: Path, outcomes: list[Outcome]) -> None:
+    # The collector reads *.prom files whenever it scrapes: replace the file whole, never partly.
+    write_bytes(path, metrics(outcomes).encode())
+
+
+@dataclass(frozen=True)
+class LocalRoot:
+    """A root on this node: which artifact is active there and whether it still fits the node."""
+    recipe: str
+    root: str
+    key: str | None
+    bytes: int
+    restored_at: str | None
+    fits: bool | None
+    why_not: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {**vars(self), "why_not": list(self.why_not)}
+
+
+def local_roots(root_base: Path) -> list[LocalRoot]:
+    """Every root under root_base (one per recipe), active or not."""
+    from warmer import compat
+
+    node = fingerprint.probe()
+    out = []
+    for d in sorted(p for p in Path(root_base).iterdir() if p.is_dir() and not p.name.startswith(".")):
+        marker = restore.active(d)
+        if marker is None:
+            out.append(LocalRoot(d.name, str(d), None, 0, None, None))
+            continue
+        art = marker.artifact
+        bad = [x.line() for x in compat.decisions(art.fingerprint, node, art.recipe.identity) if not x.ok]
+        out.append(LocalRoot(art.recipe.name, str(d), art.key, art.total_bytes, marker.restored_at, not bad, tuple(bad)))
+    return out
