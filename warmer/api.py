@@ -115,12 +115,12 @@ def local_roots(root_base: PathLike) -> list[fleet.LocalRoot]:
 
 def restore(artifact_file: PathLike, root: PathLike, *, trusted_keys=(), signature_file: PathLike | None = None,
             max_bytes: int = _restore.DEFAULT_MAX_BYTES, force: bool = False,
-            lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT) -> _restore.RestoreResult:
+            lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT, progress: bool = False) -> _restore.RestoreResult:
     signature = signing.read_sidecar(Path(signature_file)) if signature_file else None
     if signature_file and signature is None:
         raise UsageError(f"signature file {signature_file} does not exist")
     return _restore.restore_file(Path(artifact_file), Path(root), max_bytes=max_bytes, trusted_keys=tuple(trusted_keys),
-                                 signature=signature, force=force, lock_timeout=lock_timeout)
+                                 signature=signature, force=force, lock_timeout=lock_timeout, progress=progress)
 
 
 def serving_env(recipe_file: PathLike | Recipe, root: PathLike, *, offline: bool = False) -> EnvFile:

@@ -598,7 +598,7 @@ def check(raw: BinaryIO, manifest_entries: Callable[[bytes], dict[str, FileEntry
 
 
 def extract(raw: BinaryIO, dest: Path | None, manifest_entries: Callable[[bytes], dict[str, FileEntry]],
-            max_total_bytes: int) -> Extracted:
+            max_total_bytes: int, on_file: Callable[[int], None] | None = None) -> Extracted:
     """Unpack into dest (a new, empty directory), refusing anything the manifest does not list.
 
     manifest_entries turns the embedded artifact.json into the expected files (and may refuse
@@ -659,6 +659,8 @@ def extract(raw: BinaryIO, dest: Path | None, manifest_entries: Callable[[bytes]
                 writer.put(_Close(mode, entry.mtime_ns))
             stream.exact(-entry.size % BLOCK)
             written += entry.size
+            if on_file is not None:
+                on_file(entry.size)
         # Drain what follows the end-of-archive blocks, so the archive's digest covers every byte.
         while hashing.read(CHUNK):
             pass

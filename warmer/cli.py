@@ -139,7 +139,8 @@ def _fetch_all(args) -> int:
 
 def cmd_restore(args) -> int:
     result = api.restore(args.file, args.root, trusted_keys=args.trusted_key or (), signature_file=args.signature,
-                         max_bytes=args.max_bytes, force=args.force, lock_timeout=args.lock_timeout)
+                         max_bytes=args.max_bytes, force=args.force, lock_timeout=args.lock_timeout,
+                         progress=_store_options(args)["progress"])
     if args.recipe:
         _write_env(args, api.serving_env(args.recipe, args.root, offline=args.offline))
     _emit(args, result, report.pairs(result.to_json()))

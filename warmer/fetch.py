@@ -85,7 +85,7 @@ def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int 
         out["store"] = store.url
         _fetch(recipe, store, root, node, key, out, max_bytes=max_bytes, trusted_keys=tuple(trusted_keys),
                offline=offline, serving_env=os.environ if serving_env is None else serving_env,
-               lock_timeout=lock_timeout)
+               lock_timeout=lock_timeout, progress=bool((store_options or {}).get("progress")))
     except (KeyboardInterrupt, SystemExit, Terminated):
         raise
     except Exception as e:  # the README's promise: whatever went wrong, the pod starts (slowly)
@@ -110,7 +110,8 @@ def _older(offered, active) -> bool:
 
 
 def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, *, max_bytes: int,
-           trusted_keys: tuple, offline: bool, serving_env: Mapping[str, str], lock_timeout: float) -> None:
+           trusted_keys: tuple, offline: bool, serving_env: Mapping[str, str], lock_timeout: float,
+           progress: bool) -> None:
     warnings = out["warnings"]
     unfit = compat.unfit_reasons(node)
     if unfit:  # no artifact fits this node: do not even look
@@ -164,7 +165,7 @@ def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, 
                                            {**serving_env, **env.vars})
     result = restore.restore(art, lambda: store.open_blob(entry.blob.sha256, spool_dir=root.parent), root,
                              archive_sha256=entry.blob.sha256, max_bytes=max_bytes, trusted_keys=trusted_keys,
-                             signature=entry.signature, lock_timeout=lock_timeout)
+                             signature=entry.signature, lock_timeout=lock_timeout, progress=progress)
     out["status"] = "hit" if result.status == "restored" else result.status
     out["restore"] = result
     out["build_timings"] = art.timings

@@ -33,6 +33,7 @@ from typing import BinaryIO, Callable, ContextManager
 from warmer import archive, components, signing
 from warmer.artifact import Artifact, ArtifactError
 from warmer.atomic import write_bytes
+from warmer.store.progress import Progress
 from warmer.errors import WarmerError
 from warmer.untrusted import Fields, InvalidDocument, load_json
 
@@ -318,7 +319,7 @@ class RestoreResult:
 def restore(art: Artifact, open_archive: Callable[[], ContextManager[BinaryIO]], root: Path, *,
             archive_sha256: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES, trusted_keys=(),
             signature: signing.Signature | None = None, force: bool = False,
-            lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> RestoreResult:
+            lock_timeout: float = DEFAULT_LOCK_TIMEOUT, progress: bool = False) -> RestoreResult:
     """Activate art in root; a no-op when it is already active and intact.
 
     open_archive opens the archive's bytes (a local file or a store's blob). The archive's own
@@ -345,7 +346,12 @@ def restore(art: Artifact, open_archive: Callable[[], ContextManager[BinaryIO]],
                                           f"{free / 2**30:.2f} GiB free: free space or choose another root")
             try:
                 staging.mkdir()
-                got = _extract(art, open_archive, staging, archive_sha256, max_bytes)
+                bar = Progress(f"restore {art.key[:12]}", art.total_bytes) if progress else None
+                try:
+                    got = _extract(art, open_archive, staging, archive_sha256, max_bytes, bar)
+                finally:
+                    if bar:
+                        bar.close()
                 write_bytes(staging / MARKER, Marker(art, got.archive_sha256,
                                                      datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                                      signature).to_bytes())
@@ -363,7 +369,7 @@ def restore(art: Artifact, open_archive: Callable[[], ContextManager[BinaryIO]],
 
 
 def _extract(art: Artifact, open_archive, staging: Path, archive_sha256: str | None,
-             max_bytes: int) -> archive.Extracted:
+             max_bytes: int, bar=None) -> archive.Extracted:
     """Unpack and check into staging, then add what the root needs besides the files."""
     def expected(manifest: bytes) -> dict:
         # Bytes that hash to art's id are art, written canonically: no need to parse 12k file
@@ -374,7 +380,7 @@ def _extract(art: Artifact, open_archive, staging: Path, archive_sha256: str | N
         return art.entries()
 
     with open_archive() as stream:
-        got = archive.extract(stream, staging, expected, max_bytes)
+        got = archive.extract(stream, staging, expected, max_bytes, on_file=bar)
     if archive_sha256 and got.archive_sha256 != archive_sha256:
         raise archive.ArchiveError(f"the archive hashes to {got.archive_sha256}, expected "
                                    f"{archive_sha256}: corrupt or truncated download")
@@ -396,7 +402,7 @@ def read_artifact_file(path: Path) -> Artifact:
 
 def restore_file(path: Path, root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, trusted_keys=(),
                  signature: signing.Signature | None = None, force: bool = False,
-                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> RestoreResult:
+                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT, progress: bool = False) -> RestoreResult:
     """Restore from a local artifact file (image builds, air-gapped nodes).
 
     With trusted_keys, the file must be signed by one of them (signature, or FILE.sig)."""
@@ -408,4 +414,4 @@ def restore_file(path: Path, root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, 
     except (archive.ArchiveError, ArtifactError, signing.SignatureError) as e:
         raise RestoreError(f"not activated: {path}: {e}") from e
     return restore(art, lambda: open(path, "rb"), root, max_bytes=max_bytes, trusted_keys=trusted_keys,
-                   signature=signature, force=force, lock_timeout=lock_timeout)
+                   signature=signature, force=force, lock_timeout=lock_timeout, progress=progress)

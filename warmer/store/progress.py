@@ -35,5 +35,8 @@ class Progress:
     def _draw(self, now: float, end: str) -> None:
         rate = self.done / max(now - self._t0, 1e-3) / 1e6
         of = f" / {self.total / 1e6:.1f} MB ({100 * self.done / self.total:.0f}%)" if self.total else " MB"
-        self.stream.write(f"\rwarmer: {self.label}: {self.done / 1e6:.1f}{of}, {rate:.1f} MB/s\033[K{end}")
+        eta = ""
+        if self.total and rate > 0 and self.done < self.total and not end:
+            eta = f", {(self.total - self.done) / 1e6 / rate:.0f} s left"
+        self.stream.write(f"\rwarmer: {self.label}: {self.done / 1e6:.1f}{of}, {rate:.1f} MB/s{eta}\033[K{end}")
         self.stream.flush()
