@@ -15,7 +15,7 @@
 # wheels in .whl/ (`make gpu-wheels`, then carry .whl); they are installed here with
 # pip --no-index --no-deps --target. PYTHON picks the interpreter (default python3).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 PY=${PYTHON:-python3}
 WORK=${WARMER_GPU_CHECK_DIR:-${TMPDIR:-/tmp}/warmer-gpu-check}
 export WARMER_GPU_CHECK_DIR=$WORK
