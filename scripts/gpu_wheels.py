@@ -7,7 +7,8 @@
 The GPU machine has Python 3.12 with torch 2.11 (+cu130), Triton 3.6, requests, tqdm, jinja2,
 filelock, numpy, packaging, nvidia-ml-py and pyyaml; nvcc and ninja. What the check imports beyond
 that: flashinfer-python (the JIT attention and autotuned GEMM ops), apache-tvm-ffi (FlashInfer
-loads its modules through it), zstandard (warmer's archives) and warmer itself (pack, restore).
+loads its modules through it), zstandard (warmer's archives), jsonschema and its four dependencies
+(warmer validates every recipe it loads) and warmer itself (pack, restore).
 Everything else FlashInfer declares is left out; LEFT_OUT says why for each. `import flashinfer`
 and the ops the check runs need none of them (tests/unit/test_gpu_check.py installs this set into
 an environment holding only the GPU machine's packages and imports it).
@@ -40,7 +41,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 # Pinned: the versions warmer is developed and measured against (pyproject's jit extra, the
 # research notes). apache-tvm-ffi satisfies flashinfer-python's "<0.2,>=0.1.11".
-WANTED = ("flashinfer-python==0.7.2.post1", "apache-tvm-ffi==0.1.15.post2", "zstandard==0.25.0")
+WANTED = ("flashinfer-python==0.7.2.post1", "apache-tvm-ffi==0.1.15.post2", "zstandard==0.25.0",
+          # warmer validates every recipe it loads against its JSON Schema (warmer/recipe.py)
+          "jsonschema==4.26.0", "jsonschema-specifications==2025.9.1", "referencing==0.37.0", "rpds-py==2026.9.1",
+          "attrs==26.1.0")
 
 # flashinfer-python 0.7.2.post1 declares these; the check's imports and ops need none of them.
 LEFT_OUT = {

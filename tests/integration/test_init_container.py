@@ -7,9 +7,9 @@ stand-in `vllm` that records the env and arguments it was started with.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -50,11 +50,12 @@ class Pod:
         return next(v for v in self.spec["volumes"] if v["name"] == name)
 
     def local(self, text: str) -> str:
-        """text with every mount path in it replaced by its directory here."""
+        """A path in the pod (an argv element) as its directory here: the longest mount it is under."""
         for mount in sorted(self.mounts, key=len, reverse=True):
-            text = text.replace(mount + "/", f"{self.mounts[mount]}/")
             if text == mount:
-                text = str(self.mounts[mount])
+                return str(self.mounts[mount])
+            if text.startswith(mount + "/"):
+                return f"{self.mounts[mount]}/{text[len(mount) + 1:]}"
         return text
 
     def run_init(self) -> subprocess.CompletedProcess:
@@ -65,24 +66,19 @@ class Pod:
         assert shutil.which(self.argv[0], path=env["PATH"]), f"{self.argv[0]} is not on the image's PATH"
         return subprocess.run(self.argv, capture_output=True, text=True, env=env, timeout=300)
 
-    def run_vllm(self) -> tuple[subprocess.CompletedProcess, dict[str, str], str]:
-        """The vLLM container's command with a stand-in vllm: (result, its env, its args)."""
-        self.bin.mkdir(exist_ok=True)
-        record = self.bin.parent / "vllm-started"
-        stub = self.bin / "vllm"
-        stub.write_text(f'#!/bin/sh\nenv > "{record}.env"\necho "$@" > "{record}.args"\n')
-        stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
-        argv = [self.local(a) for a in self.vllm["command"] + self.vllm["args"]]
-        # A pod's env: no AWS credentials, no test runner variables.
-        env = {"PATH": f"{self.bin}:/usr/bin:/bin", "HOME": "/root", "HOSTNAME": "vllm-llama-3-1-8b-7d9f8-x2x7q"}
+    def run_vllm(self) -> tuple[subprocess.CompletedProcess, dict[str, str], list[str]]:
+        """The vLLM container's command (`warmer serve`), as a dry run: (result, the env vLLM would
+        start with, the command it would exec). The dry run is what the real start would exec."""
+        argv = [self.local(a) for a in command_of(self.vllm)]
+        assert argv[:2] == ["warmer", "serve"], argv
+        cut = argv.index("--") if "--" in argv else len(argv)
+        argv = argv[:cut] + ["--dry-run", "--json"] + argv[cut:]
+        # A pod's env: no AWS credentials, no test runner variables; the image's PATH.
+        env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": "/root",
+               "HOSTNAME": "vllm-llama-3-1-8b-7d9f8-x2x7q"}
         out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
-        started = {}
-        if Path(f"{record}.env").exists():
-            for line in Path(f"{record}.env").read_text().splitlines():
-                k, _, v = line.partition("=")
-                started[k] = v
-        args = Path(f"{record}.args").read_text() if Path(f"{record}.args").exists() else ""
-        return out, started, args
+        plan = json.loads(out.stdout) if out.returncode == 0 else {"env": {}, "command": []}
+        return out, {**env, **plan["env"]}, plan["command"]
 
 
 def sourced(env_file: Path) -> dict[str, str]:
@@ -121,11 +117,11 @@ def test_init_container_hit_leaves_a_usable_env_file_and_vllm_starts_warm(s3_url
     assert pod.env_file.read_text().startswith("export ")  # quoted for sh
     assert env["VLLM_CACHE_ROOT"].startswith(str(pod.mounts["/cache"]) + "/")
 
-    result, started, args = pod.run_vllm()
+    result, started, command = pod.run_vllm()
     assert result.returncode == 0, result.stderr
-    assert "WARNING" not in result.stderr
+    assert "warning" not in result.stderr
     assert started["VLLM_CACHE_ROOT"] == str(pod.root / "vllm") and started["TMPDIR"] == str(pod.root / "tmp")
-    assert args.startswith(f"serve {pod.local(recipe.model)} ")  # the served path, in the models volume
+    assert recipe.model in command and command[-2:] == ["--port", "8000"]  # the served path, then the pod's flags
 
 
 def test_init_container_miss_exits_0_and_vllm_starts_cold_with_a_warning(s3_url, tmp_path):
@@ -140,7 +136,7 @@ def test_init_container_miss_exits_0_and_vllm_starts_cold_with_a_warning(s3_url,
 
     result, started, _ = pod.run_vllm()
     assert result.returncode == 0, result.stderr
-    assert "WARNING: no warmed cache" in result.stderr and "kubectl logs" in result.stderr
+    assert "no warmed cache is active" in result.stderr and "kubectl logs" in result.stderr
     assert started["VLLM_CACHE_ROOT"] == str(pod.root / "vllm")
 
 

@@ -187,9 +187,10 @@ def _names(doc: dict) -> dict[str, str]:
 def test_the_gpu_machines_wheel_set_fits_and_holds_what_it_lacks(wheel_sets):
     dest, doc = wheel_sets["gpu"]
     names = _names(doc)
-    assert set(names) == {"flashinfer_python", "apache_tvm_ffi", "zstandard", "warmer"}
+    assert set(names) == {"flashinfer_python", "apache_tvm_ffi", "zstandard", "warmer", "jsonschema",
+                          "jsonschema_specifications", "referencing", "rpds_py", "attrs"}
     assert names["flashinfer_python"] == "flashinfer_python-0.7.2.post1-py3-none-any.whl"
-    for dist in ("apache_tvm_ffi", "zstandard"):
+    for dist in ("apache_tvm_ffi", "zstandard", "rpds_py"):
         tags = names[dist][:-len(".whl")].split("-")
         assert tags[2] == "cp312" and tags[3] in ("cp312", "abi3") and "manylinux" in tags[4] and "x86_64" in tags[4]
     total = sum(p.stat().st_size for p in dest.glob("*.whl"))
