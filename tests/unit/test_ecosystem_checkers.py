@@ -89,8 +89,31 @@ def test_workflow_steps_and_container_scripts_pass_shellcheck(tmp_path, where, s
     f = tmp_path / "step.sh"
     # GitHub runs `run:` with bash -e {0}; a container's `sh -c` with sh.
     f.write_text(f"#!/usr/bin/env {shell}\nset -e\nGITHUB_EXPRESSION=x\n" + _github_expressions_as_variables(script))
-    out = run([tool("shellcheck"), "--severity=warning", "-e", "SC2034", f])
+    # check-extra-masked-returns: `echo "x=$(warmer ...)"` hides warmer's exit code (SC2312).
+    out = run([tool("shellcheck"), "--severity=info", "--enable=check-extra-masked-returns", "-e", "SC2034,SC2250",
+               f])
     assert out.returncode == 0, f"{where}:\n{out.stdout}"
+
+
+def test_the_plan_step_fails_on_an_unknown_sku(tmp_path):
+    """The workflow's plan step, run by bash -e as GitHub runs it: an unknown SKU fails the step
+    (and the workflow), instead of writing an empty matrix."""
+    wf = yaml.safe_load((MANIFESTS / "ci" / "github-warm-caches.yml").read_text())
+    (step,) = [s for s in wf["jobs"]["plan"]["steps"] if s.get("id") == "matrix"]
+    manifests = tmp_path / "manifests"
+    (manifests / "models").mkdir(parents=True)
+    (manifests / "skus.toml").write_text((MANIFESTS / "skus.toml").read_text())
+    recipe = (MANIFESTS / "models" / "llama-3.1-8b-h200.toml").read_text()
+    output = tmp_path / "github_output"
+    env = {"PATH": f"{BIN}:/usr/bin:/bin", "GITHUB_OUTPUT": str(output)}
+    (manifests / "models" / "llama.toml").write_text(recipe)
+    good = run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, env=env)
+    assert good.returncode == 0 and output.read_text().startswith("matrix={"), good.stderr
+    output.unlink()
+    (manifests / "models" / "llama.toml").write_text(recipe.replace('targets = ["h200"]', 'targets = ["h300"]'))
+    bad = run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, env=env)
+    assert bad.returncode != 0 and "h300" in bad.stderr
+    assert not output.exists() or "matrix=" not in output.read_text()
 
 
 def test_the_dockerfile_passes_hadolint():

@@ -22,5 +22,8 @@ HEADERS = Component(
     env=(("TMPDIR", "tmp"),),
     about="precompiled headers for Inductor's C++ kernels",
     include=("torchinductor_*/precompiled_headers/*",),
+    # torch.distributed's file rendezvous, one per engine start (torch/distributed/rendezvous.py):
+    # scratch in TMPDIR, never a cache.
+    exclude=("vllm_dist_*",),
     defaults=(("TMPDIR", "/tmp"),),
 )
