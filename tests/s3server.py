@@ -21,14 +21,14 @@ import pytest
 SECRET = "warmer-test-secret-must-never-be-printed"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """A pytest killed before its teardown must not leave the server running (Linux)."""
+def die_with_parent() -> None:
+    """A pytest killed before its teardown must not leave a server it started running (Linux)."""
     if sys.platform == "linux":
         import ctypes
         import signal
@@ -42,11 +42,11 @@ def moto_endpoint(tmp_path_factory):
         import moto.server  # noqa: F401
     except ImportError:
         pytest.fail("moto's server is not installed: pip install -e '.[test]' (it brings moto[server])")
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("moto") / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                                stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:  # poll until it answers HTTP

@@ -19,9 +19,7 @@ import datetime as dt
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -32,6 +30,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+
+from tests.s3server import die_with_parent, free_port
 
 from tests.integration.faultproxy import FaultProxy
 
@@ -51,21 +51,6 @@ def registry_binary() -> str:
     if os.environ.get("CI") == "true":
         pytest.fail(why + " (CI must run the OCI tests, not skip them)", pytrace=False)
     pytest.skip(why)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """A pytest killed before its teardown must not leave the registry running (Linux)."""
-    if sys.platform == "linux":
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def bcrypt_line(user: str, password: str) -> str:
@@ -148,7 +133,7 @@ def start_registry(workdir: Path, auth: str = "none") -> Registry:
     config.write_text("\n".join(lines) + "\n")
     log = workdir / "registry.log"
     proc = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            preexec_fn=_die_with_parent)
+                            preexec_fn=die_with_parent)
     listening = threading.Event()
 
     def tee():  # the registry's log to a file; the line that says it listens releases the fixture
