@@ -35,6 +35,7 @@ from warmer.archive import MANIFEST_LIMIT, FileEntry
 from warmer.components import flashinfer
 from warmer.contract import PathContract
 from warmer.fingerprint import Fingerprint
+from warmer.store import NAME
 from warmer.untrusted import Fields, InvalidDocument, load_json
 from warmer.vllmkey import VllmKey
 
@@ -128,10 +129,7 @@ class Artifact:
 
     @classmethod
     def from_bytes(cls, data: bytes, what: str = "artifact.json") -> "Artifact":
-        doc = load_json(data, what=what, max_bytes=MANIFEST_LIMIT)
-        art = cls.from_json(doc, what)
-        # Bytes this warmer wrote are already canonical: keep them, so ids match byte for byte.
-        return art
+        return cls.from_json(load_json(data, what=what, max_bytes=MANIFEST_LIMIT), what)
 
     @classmethod
     def from_json(cls, doc: Any, what: str = "artifact.json") -> "Artifact":
@@ -147,6 +145,8 @@ class Artifact:
                 raise ArtifactError(f"{what}.key must be 64 hex digits")
             r = f.obj("recipe")
             recipe = RecipeRef(r.str("name", max_len=100), r.str("digest", max_len=64), r.obj("identity").doc)
+            if not NAME.match(recipe.name):
+                raise ArtifactError(f"{what}.recipe.name {recipe.name[:40]!r} is not a recipe name")
             components = {}
             for name, c in f.items("components"):
                 components[name] = ComponentSummary(c.str("subdir"), c.str_list("env"), c.bool("relocatable"),

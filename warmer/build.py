@@ -193,7 +193,7 @@ def _warm_pack_verify(recipe: Recipe, root: Path, workdir: Path, fp: Fingerprint
     suffix = "-aot-off" if added else ""
     cold = warmup.run_engine(recipe, root, workdir, "cold" + suffix, extra_env=added)
     build_timings = warmup.timings(cold)
-    out = workdir / f"{recipe.name}-{key[:16]}.tar.zst"
+    out = workdir / f"{recipe.name}-{key[:16]}{suffix}.tar.zst"  # the AOT-on attempt's file stays, for a look
     art = pack_root(root, recipe, out, fp=fp, timings={"build": build_timings}, vllm=cold.vllm_key(root),
                     serve_env=added)
     # Verify exactly as a node would: restore the packed artifact over the warm root, start again.

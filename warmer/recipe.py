@@ -28,12 +28,15 @@ from pathlib import Path
 
 from warmer.components import cache_env
 from warmer.errors import UsageError
+from warmer.store import NAME
 
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 SCHEMA: dict = json.loads((SCHEMAS / "recipe.schema.json").read_text())
 _PROPS = SCHEMA["properties"]
 
-NAME_RE = re.compile(_PROPS["name"]["pattern"])
+# A recipe's name names its store paths too: one pattern, the store's (the schema repeats it for
+# editors; tests/unit/test_recipe.py holds them equal).
+NAME_RE = NAME
 VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # In vLLM's compile key (SchedulerConfig.compute_hash), with defaults that depend on the entry point.
 SCHEDULER_ARGS = ("max_num_batched_tokens", "max_num_seqs")

@@ -324,3 +324,10 @@ def test_the_schemas_are_valid_draft_2020_12():
 
     Draft202012Validator.check_schema(recipe_module.SCHEMA)
     assert recipe_module.SCHEMA["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+
+
+def test_the_schema_and_the_store_agree_on_recipe_names():
+    from warmer.recipe import SCHEMA
+    from warmer.store import NAME
+
+    assert SCHEMA["properties"]["name"]["pattern"] == NAME.pattern
