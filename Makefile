@@ -56,13 +56,14 @@ bench: install $(AWS_VENV)/bin/aws oci-registry
 	$(PY) bench/oci_fetch.py $(OCI_BENCH_ARGS)
 
 # What the lent GPU machine lacks for scripts/gpu-check.sh (it has no network), as wheels in .whl/
-# for its Python (3.12): flashinfer-python, apache-tvm-ffi, zstandard and warmer. Fails over 60 MiB.
+# for its Python (3.12): flashinfer-python, apache-tvm-ffi, zstandard, jsonschema and its
+# dependencies, and warmer (built by this venv's pip). Fails over 60 MiB.
 # Carry .whl with the tree; see scripts/gpu_wheels.py for what is left out and why.
 GPU_PYTHON     ?= 3.12
 GPU_WHEELS_DIR ?= .whl
 
-gpu-wheels:
-	$(PYTHON) scripts/gpu_wheels.py build --python-version $(GPU_PYTHON) --dest $(GPU_WHEELS_DIR) --max-mib 60
+gpu-wheels: install
+	$(PY) scripts/gpu_wheels.py build --python-version $(GPU_PYTHON) --dest $(GPU_WHEELS_DIR) --max-mib 60
 
 clean:
 	rm -rf $(VENV) $(AWS_VENV) .demo .bench .pytest_cache
