@@ -51,9 +51,18 @@ $(AWS_VENV)/bin/aws:
 	$(PYTHON) -m venv $(AWS_VENV)
 	$(AWS_VENV)/bin/python -m pip install -q awscli==1.46.3
 
-bench: install $(AWS_VENV)/bin/aws oci-registry
+# bench/limits.py's options (scaling to 4 GiB, sixteen nodes, vLLM's caching limit), e.g.
+# LIMITS_ARGS="scaling --sizes 256MiB,1GiB". s3rver (npm) serves the S3 rows: moto is slow on ranged GETs.
+LIMITS_ARGS ?=
+S3RVER := .s3rver/node_modules/.bin/s3rver
+
+$(S3RVER):
+	npm install --silent --no-audit --no-fund --prefix .s3rver s3rver@3.7.1
+
+bench: install $(AWS_VENV)/bin/aws $(S3RVER) oci-registry
 	$(PY) bench/run.py $(BENCH_ARGS)
 	$(PY) bench/oci_fetch.py $(OCI_BENCH_ARGS)
+	$(PY) bench/limits.py $(LIMITS_ARGS)
 
 # What the lent GPU machine lacks for scripts/gpu-check.sh (it has no network), as wheels in .whl/
 # for its Python (3.12): flashinfer-python, apache-tvm-ffi, zstandard, jsonschema and its
@@ -66,4 +75,4 @@ gpu-wheels: install
 	$(PY) scripts/gpu_wheels.py build --python-version $(GPU_PYTHON) --dest $(GPU_WHEELS_DIR) --max-mib 60
 
 clean:
-	rm -rf $(VENV) $(AWS_VENV) .demo .bench .pytest_cache
+	rm -rf $(VENV) $(AWS_VENV) .s3rver .demo .bench .pytest_cache

@@ -11,7 +11,7 @@ workdir), the median of --trials runs of each side, interleaved:
 
 plus warmer's publish (once: layer upload in chunks, artifact.json, manifest, settle) for
 reference. Every command is a process of its own, timed from start to exit, with its peak RSS
-from wait4 (bench/run.py's launcher); each restore goes into a new root, dropped from the page
+from wait4 (bench/common.py's launcher); each restore goes into a new root, dropped from the page
 cache once measured. `oras pull` or `crane` would be the baseline of choice; neither is
 installable here (no Debian package, no PyPI wheel), so it is curl.
 
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run  # noqa: E402  (bench/run.py: measure, pair, evict; its tree generator)
+import common  # noqa: E402  (bench/common.py: measure, pair, evict, the launcher)
 import tree  # noqa: E402
 
 REPO_NAME = "bench/caches"
@@ -39,8 +39,8 @@ REPO_NAME = "bench/caches"
 def start_registry(workdir: Path) -> tuple[subprocess.Popen, int]:
     binary = shutil.which("docker-registry") or shutil.which("registry")
     if not binary:
-        raise run.BenchError("no OCI registry: `apt-get install docker-registry` (CNCF distribution) as root")
-    port = run.free_port()
+        raise common.BenchError("no OCI registry: `apt-get install docker-registry` (CNCF distribution) as root")
+    port = common.free_port()
     config = workdir / "registry.yml"
     config.write_text("\n".join([
         "version: 0.1", "log:", "  level: info", "  accesslog:", "    disabled: true", "storage:", "  filesystem:",
@@ -58,7 +58,7 @@ def start_registry(workdir: Path) -> tuple[subprocess.Popen, int]:
     threading.Thread(target=watch, daemon=True).start()
     if not up.wait(60) or proc.poll() is not None:
         proc.kill()
-        raise run.BenchError(f"the registry ({binary}) did not start")
+        raise common.BenchError(f"the registry ({binary}) did not start")
     return proc, port
 
 
@@ -79,11 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     wd = args.workdir.absolute()
-    run.rmtree(wd)
+    common.rmtree(wd)
     wd.mkdir(parents=True)
     for tool in ("curl", "tar", "zstd"):
         if not shutil.which(tool):
-            raise run.BenchError(f"{tool} is needed for the baseline: apt-get install {tool}")
+            raise common.BenchError(f"{tool} is needed for the baseline: apt-get install {tool}")
 
     root = wd / "tree"
     t0 = time.perf_counter()
@@ -91,38 +91,38 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tree: {info['files']} files, {tree.human(info['bytes'])} ({time.perf_counter() - t0:.0f} s)",
           file=sys.stderr)
     art = wd / "warmer.tar.zst"
-    run.measure(run.warmer("pack", str(root), "--recipe", str(run.RECIPE), "-o", str(art), "--level",
+    common.measure(common.warmer("pack", str(root), "--recipe", str(common.RECIPE), "-o", str(art), "--level",
                            str(args.level), "--json"))
     proc, port = start_registry(wd)
     try:
         store = f"oci://127.0.0.1:{port}/{REPO_NAME}"
-        pub = run.measure(run.warmer("publish", str(art), "--store", store, "--json"))
+        pub = common.measure(common.warmer("publish", str(art), "--store", store, "--json"))
         published = json.loads(pub["stdout"])
         if published["status"] != "published":
-            raise run.BenchError(f"publish: {published['status']}")
+            raise common.BenchError(f"publish: {published['status']}")
         blob_url = f"http://127.0.0.1:{port}/v2/{REPO_NAME}/blobs/sha256:{published['blob']}"
         roots = wd / "roots"
         roots.mkdir()
 
         def w_fetch(i, last):
             dest = roots / f"warmer-{i}"
-            r = run.measure(run.warmer("fetch", str(run.RECIPE), "--store", store, "--root", str(dest), "--json"))
+            r = common.measure(common.warmer("fetch", str(common.RECIPE), "--store", store, "--root", str(dest), "--json"))
             got = json.loads(r["stdout"])["status"]
             if got != "hit":
-                raise run.BenchError(f"warmer fetch from {store}: {got}")
-            run.evict(dest)
+                raise common.BenchError(f"warmer fetch from {store}: {got}")
+            common.evict(dest)
             return r
 
         def b_fetch(i, last):
             dest = roots / f"baseline-{i}"
             dest.mkdir()
             blob = wd / "pulled.tar.zst"
-            r = run.measure(f"curl -sf -o {blob} {blob_url} && tar --zstd -xf {blob} -C {dest}")
-            run.rmtree(blob)
-            run.evict(dest)
+            r = common.measure(f"curl -sf -o {blob} {blob_url} && tar --zstd -xf {blob} -C {dest}")
+            common.rmtree(blob)
+            common.evict(dest)
             return r
 
-        result = run.pair(args.trials, w_fetch, b_fetch)
+        result = common.pair(args.trials, w_fetch, b_fetch)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -143,13 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntrials: warmer {w['trials_s']}, baseline {b['trials_s']}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
-    run.rmtree(wd / "roots")
+    common.rmtree(wd / "roots")
     return 0
 
 
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except run.BenchError as e:
+    except common.BenchError as e:
         print(f"oci_fetch: {e}", file=sys.stderr)
         sys.exit(1)

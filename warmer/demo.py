@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from warmer import api, build, fetch, report, tinymodel, verify
+from warmer import api, build, fetch, report, tinymodel, verify, warmup
 from warmer.recipe import load
 
 
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         "cold_init_engine_s": cold.get("init_engine_s"), "restored_init_engine_s": warm.get("init_engine_s"),
         "cold_engine_init_s": cold.get("engine_init_s"), "restored_engine_init_s": warm.get("engine_init_s"),
         "recompiled_files": checked.files.recompiled, "verdict": checked.verdict,
-        "uncovered_files": len(built.uncovered),
+        "uncovered_files": len(built.uncovered), "restored_phases": warm.get("phases") or {},
     }
     (work / "report.json").write_text(json.dumps({"build": built.to_json(), "fetch": got.to_json(),
                                                   "verify": checked.to_json(), "summary": summary},
@@ -80,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  LLM() start to ready:  cold {summary['cold_engine_init_s']} s -> restored "
           f"{summary['restored_engine_init_s']} s")
     print(f"  recompiled files:      {summary['recompiled_files']}   verdict: {summary['verdict']}")
+    phases = summary["restored_phases"]
+    if phases:
+        top = sorted(((s, n) for n, s in phases.items() if n not in ("workload", "exit")), reverse=True)[:4]
+        print("  restored start:        " + ", ".join(f"{n} {s:.1f} s" for s, n in top))
+        removable = {n: s for n, s in phases.items() if warmup.PHASE_NOTES.get(n, "").startswith("yes")}
+        print("  a cache could remove:  " + (", ".join(f"{n} {s:.1f} s ({warmup.PHASE_NOTES[n][5:]})"
+                                                   for n, s in removable.items()) or "nothing more"))
     print(f"  full report:           {work / 'report.json'}")
     return 0 if checked.verdict == "hit" and got.status == "hit" else 1
 

@@ -163,7 +163,7 @@ def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, 
     out["env"] = env
     warnings += art.path_contract.warnings(root, recipe.model, [n for n, c in art.components.items() if not c.relocatable],
                                            {**serving_env, **env.vars})
-    result = restore.restore(art, lambda: store.open_blob(entry.blob.sha256, spool_dir=root.parent), root,
+    result = restore.restore(art, lambda: store.stream_blob(entry.blob.sha256, entry.blob.size), root,
                              archive_sha256=entry.blob.sha256, max_bytes=max_bytes, trusted_keys=trusted_keys,
                              signature=entry.signature, lock_timeout=lock_timeout, progress=progress)
     out["status"] = "hit" if result.status == "restored" else result.status

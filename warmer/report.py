@@ -9,6 +9,7 @@ from warmer.explain import Explanation
 from warmer.fetch import FetchResult
 from warmer.fingerprint import Fingerprint
 from warmer.verify import VerifyResult
+from warmer.warmup import PHASE_NOTES, PHASE_ORDER
 
 
 def seconds(value) -> str:
@@ -65,6 +66,18 @@ def timings_table(cold: dict, restored: dict) -> str:
     return "\n".join(lines)
 
 
+def phases_table(cold: dict, restored: dict) -> str:
+    """Where a start's time goes (warmup.phases), cold against restored, and what a cache could
+    still take away from each phase of the restored start."""
+    c, r = cold.get("phases") or {}, restored.get("phases") or {}
+    if not r:
+        return ""
+    lines = [f"  {'phase of the start':<24}{'cold':>9}{'restored':>10}  a cache could still remove it?"]
+    for name in [n for n in PHASE_ORDER if n in c or n in r] + sorted(set(c) | set(r) - set(PHASE_ORDER)):
+        lines.append(f"  {name:<24}{seconds(c.get(name)):>9}{seconds(r.get(name)):>10}  {PHASE_NOTES.get(name, '')}")
+    return "\n".join(lines)
+
+
 def verify(v: VerifyResult) -> str:
     f = v.files
     lines = [f"verdict: {v.verdict} - {f.recompiled} recompiled file(s) ({f.new} new, {f.rewritten} rewritten)"]
@@ -75,6 +88,9 @@ def verify(v: VerifyResult) -> str:
     if v.log_recompiles:
         lines.append("  vLLM log: " + ", ".join(f"{k} x{n}" for k, n in v.log_recompiles.items()))
     lines.append(timings_table(v.cold, v.restored))
+    table = phases_table(v.cold, v.restored)
+    if table:
+        lines.append(table)
     lines.append(f"  log: {v.log}")
     return "\n".join(lines)
 

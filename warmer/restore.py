@@ -33,6 +33,7 @@ from typing import BinaryIO, Callable, ContextManager
 from warmer import archive, components, signing
 from warmer.artifact import Artifact, ArtifactError
 from warmer.atomic import write_bytes
+from warmer.store import BlobCorrupt, BlobStream, StoreError
 from warmer.store.progress import Progress
 from warmer.errors import WarmerError
 from warmer.untrusted import Fields, InvalidDocument, load_json
@@ -360,7 +361,7 @@ def restore(art: Artifact, open_archive: Callable[[], ContextManager[BinaryIO]],
                 # After a swap this holds the previous root; after a failure, the partial extraction.
                 if _ours(staging):
                     shutil.rmtree(staging, ignore_errors=True)
-    except (archive.ArchiveError, ArtifactError) as e:
+    except (archive.ArchiveError, ArtifactError, StoreError) as e:
         raise not_activated(root, str(e)) from e
     except OSError as e:
         raise _os_error(e, root) from e
@@ -370,7 +371,12 @@ def restore(art: Artifact, open_archive: Callable[[], ContextManager[BinaryIO]],
 
 def _extract(art: Artifact, open_archive, staging: Path, archive_sha256: str | None,
              max_bytes: int, bar=None) -> archive.Extracted:
-    """Unpack and check into staging, then add what the root needs besides the files."""
+    """Unpack and check into staging, then add what the root needs besides the files.
+
+    A store's stream (BlobStream) is extracted as it downloads. Bytes that fail (a member's
+    sha256, zstd, the blob's digest at the end) are either what the store holds (the artifact is
+    bad: refused at once) or were damaged on the way (read again into a fresh staging dir, as
+    many times as the store allows): drain() finishes the download to tell which."""
     def expected(manifest: bytes) -> dict:
         # Bytes that hash to art's id are art, written canonically: no need to parse 12k file
         # entries (0.1 s) to see it; anything else gets the full check.
@@ -379,8 +385,29 @@ def _extract(art: Artifact, open_archive, staging: Path, archive_sha256: str | N
                                        "was asked for (the store's index and blob disagree)")
         return art.entries()
 
-    with open_archive() as stream:
-        got = archive.extract(stream, staging, expected, max_bytes, on_file=bar)
+    attempt = 0
+    while True:
+        attempt += 1
+        with open_archive() as stream:
+            streamed = isinstance(stream, BlobStream)
+            try:
+                got = archive.extract(stream, staging, expected, max_bytes, on_file=bar)
+                break
+            except BlobCorrupt:
+                if not streamed or not stream.checked:
+                    raise
+            except (archive.ArchiveError, ArtifactError):
+                # Finish the download (hashing only) to learn whether these were the blob's bytes;
+                # bounded: a blob larger than what it may unpack to is refused without it.
+                if (not streamed or stream.attempts == 1
+                        or stream.size > max_bytes + (max_bytes >> 6) + (64 << 20) or stream.drain()):
+                    raise
+            if attempt >= stream.attempts:
+                raise stream.refused(attempt)
+        shutil.rmtree(staging)  # damaged on the way: start again in an empty staging dir
+        staging.mkdir()
+        if bar:
+            bar(-bar.done)
     if archive_sha256 and got.archive_sha256 != archive_sha256:
         raise archive.ArchiveError(f"the archive hashes to {got.archive_sha256}, expected "
                                    f"{archive_sha256}: corrupt or truncated download")

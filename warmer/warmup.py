@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -54,14 +55,86 @@ EVENTS = {
     "aot_loaded": r"Directly load AOT compilation from path",
     "graph_loaded": r"Directly load the compiled graph",
 }
+# Where a start's time goes, from the arrival time of each line (run_engine prefixes "[+S.mmm] "):
+# each marker begins the phase it names, which lasts until the next marker. Phases that recur
+# (a Dynamo trace per compiled frame) add up. (phase, pattern), in no particular order.
+PHASE_MARKERS = (
+    ("engine start", r"Initializing a V1 LLM engine"),
+    ("weights", r"Starting to load model"),
+    ("model set-up", r"Loading weights took|Model loading took"),
+    ("warm-up run", r"Warming up model for the compilation|Compiling a graph for|Directly load AOT compilation"),
+    ("Dynamo trace", r"torchdynamo start tracing"),
+    ("graph load or compile", r"torchdynamo done tracing|Dynamo bytecode transform time"),
+    ("warm-up run", r"done compiler function|Directly load the compiled graph|torch\.compile (?:and initial \S+ )?took"),
+    ("KV cache", r"Warming up done|Initial profiling/warmup run took"),
+    ("CUDA graph capture", r"Capturing CUDA graphs"),
+    ("KV cache", r"Graph capturing finished"),
+    ("engine ready", r"init engine \(profile, create kv cache, warmup model\) took"),
+)
+PHASE_ORDER = ("import", "engine start", "weights", "model set-up", "Dynamo trace", "graph load or compile",
+               "warm-up run", "CUDA graph capture", "KV cache", "engine ready", "workload", "exit")
+# What a cache could still remove from each phase, as the report says it.
+PHASE_NOTES = {
+    "import": "no: Python and vLLM import (bytecode is cached already)",
+    "engine start": "no: config, then EngineCore and worker processes spawned, each importing torch and vLLM",
+    "weights": "no: reading the weights (storage and page cache)",
+    "model set-up": "no: building the model's modules",
+    "Dynamo trace": "yes: torch's AOT compile (VLLM_USE_AOT_COMPILE=1) caches Dynamo's bytecode transform",
+    "graph load or compile": "hit: compiled graphs loaded from the cache (compiles here on a miss)",
+    "warm-up run": "no: running the model once (profiling) with the loaded kernels",
+    "CUDA graph capture": "no: CUDA graphs are captured anew in each process",
+    "KV cache": "no: allocating the KV cache",
+    "engine ready": "no: tokenizer and front end after the engine is up",
+    "workload": "no: the recipe's requests",
+    "exit": "no: shutting the engine down",
+}
+_ARRIVAL = re.compile(r"^\[\+(\d+\.\d+)\] ", re.M)
 RECOMPILE_EVENTS = ("aot_load_failure", "graph_compiled", "aot_saved", "flashinfer_jit_build",
                     "flashinfer_cubin_download")
 STAMP = r"(\d\d-\d\d \d\d:\d\d:\d\d)"
 SANDBOX_VARS = ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME")
 
 
-def parse_log(text: str) -> dict:
-    """Phase timings (seconds, the last value of each) and event counts from a vLLM log."""
+def phases(text: str, result: dict | None = None, wall_s: float | None = None) -> dict[str, float]:
+    """Seconds per phase of a start (PHASE_MARKERS), from a log whose lines carry their arrival
+    time; result (what the child measured: import_s, engine_init_s, workload_s) places the import,
+    the end of LLM() and the workload. {} for a log without arrival times."""
+    marks: list[tuple[float, str]] = []
+    for m in _ARRIVAL.finditer(text):
+        line = text[m.end():text.find("\n", m.end())]
+        for name, pattern in PHASE_MARKERS:
+            if re.search(pattern, line):
+                marks.append((float(m.group(1)), name))
+                break
+    if not marks:
+        return {}
+    result = result or {}
+    marks.append((0.0, "import"))
+    if result.get("import_s") is not None:
+        imported = result["import_s"]
+        marks.append((imported, "engine start"))
+        if result.get("engine_init_s") is not None:
+            ready = imported + result["engine_init_s"]
+            marks.append((ready, "workload"))
+            if result.get("workload_s") is not None:
+                marks.append((ready + result["workload_s"], "exit"))
+    marks.sort(key=lambda m: m[0])
+    end = wall_s if wall_s is not None else marks[-1][0]
+    out: dict[str, float] = {}
+    # A phase ends where the next marker is, of any phase. Once the workload runs, engine lines
+    # (a Dynamo trace for a new shape) are part of the workload, not of the start.
+    workload_at = next((t for t, n in marks if n == "workload"), None)
+    if workload_at is not None:
+        marks = [(t, n) for t, n in marks if t < workload_at or n in ("workload", "exit")]
+    for (t, name), (t_next, _) in zip(marks, marks[1:] + [(end, "")]):
+        if t_next > t:
+            out[name] = round(out.get(name, 0.0) + t_next - t, 3)
+    return out
+
+
+def parse_log(text: str, result: dict | None = None, wall_s: float | None = None) -> dict:
+    """Phase timings (seconds, the last value of each), event counts and the start's phases
+    (phases()) from a vLLM log."""
     timings = {}
     for name, pattern in TIMINGS.items():
         found = re.findall(pattern, text)
@@ -74,7 +147,7 @@ def parse_log(text: str) -> dict:
         t0, t1 = (datetime.strptime(m.group(1), "%m-%d %H:%M:%S") for m in (start, done))
         timings["cpu_compile_warmup_s"] = (t1 - t0).total_seconds()
     events = {name: len(re.findall(pattern, text)) for name, pattern in EVENTS.items()}
-    return {"timings": timings, "events": events}
+    return {"timings": timings, "events": events, "phases": phases(text, result, wall_s)}
 
 
 def sandbox_env(sandbox: Path) -> dict[str, str]:
@@ -147,10 +220,17 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
     result_path.unlink(missing_ok=True)
     env = {**serving.environ_for_vllm(recipe, root), **sandbox_env(sandbox), "VLLM_NO_USAGE_STATS": "1",
            "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    # torch's Dynamo says when it starts and ends tracing each frame (INFO lines, a few per graph):
+    # the restored start's phases need them. Logging only: not in any compile key (vLLM hashes
+    # VLLM_* factors, Inductor its configs).
+    env.setdefault("TORCH_LOGS", os.environ.get("TORCH_LOGS") or "dynamo")
+    env = {k: v for k, v in env.items() if v is not None}  # extra_env's None: leave that variable unset
     t0 = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "warmer.workload", str(spec_path), str(result_path)],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        stamper = threading.Thread(target=_stamp_lines, args=(proc.stdout, log, t0), daemon=True)
+        stamper.start()
         try:
             rc = proc.wait(timeout=recipe.workload.timeout_s)
         except subprocess.TimeoutExpired:
@@ -165,16 +245,31 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
             except ProcessLookupError:
                 pass
             proc.wait()
+            stamper.join(timeout=30)  # the group is gone: the pipe ends
+            proc.stdout.close()
     wall = time.perf_counter() - t0
     text = log_path.read_text(errors="replace")
     if rc != 0 or not result_path.exists():
         tail = "\n".join(text.splitlines()[-25:])
         raise WarmupError(f"{label}: the engine exited with code {rc}; log: {log_path}\n{tail}")
-    return EngineRun(json.loads(result_path.read_text()), parse_log(text), round(wall, 3), log_path, sandbox,
-                     census(root, sandbox))
+    result = json.loads(result_path.read_text())
+    return EngineRun(result, parse_log(text, result, wall), round(wall, 3), log_path, sandbox, census(root, sandbox))
+
+
+def _stamp_lines(pipe, log, t0: float) -> None:
+    """Copy the engine's output to its log, each line prefixed with when it arrived ("[+12.345] ",
+    seconds since the process started): vLLM's own timestamps are whole seconds, and its
+    processes (the front end, EngineCore, the workers) log on their own clocks."""
+    for line in iter(pipe.readline, b""):
+        log.write(b"[+%.3f] " % (time.perf_counter() - t0) + line)
+    log.flush()
 
 
 def timings(run: EngineRun) -> dict:
-    """One flat record of a run's timings, for artifact.json and reports."""
-    return {"process_s": run.wall_s, **{k: v for k, v in run.result.items() if not isinstance(v, (dict, list))},
-            **run.log["timings"]}
+    """One record of a run's timings, for artifact.json and reports: seconds by name, and the
+    start's phases (phases()) when the log told them."""
+    out = {"process_s": run.wall_s, **{k: v for k, v in run.result.items() if not isinstance(v, (dict, list))},
+           **run.log["timings"]}
+    if run.log.get("phases"):
+        out["phases"] = run.log["phases"]
+    return out

@@ -3,6 +3,10 @@ the failures object stores really produce (throttling, 500s, resets, short and d
 
 boto3 is pointed at the proxy as its endpoint and is otherwise unmodified; the proxy forwards
 each request to the real (moto) server unless a rule says otherwise.
+
+With rate= (bytes per second), every answer's body shares one token bucket on its way to the
+client: a link of that bandwidth, however many connections use it (the benchmark's throttled S3
+rows); there, bodies no rule alters are streamed through, not held whole.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import socket
 import socketserver
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -27,6 +32,27 @@ ERRORS = {"503": (503, "Slow Down", "SlowDown", "Please reduce your request rate
 #   short         forward; send half the body with a Content-Length that matches it
 #   corrupt       forward; flip one byte in the middle of the body
 ACTIONS = {"503", "500", "reset", "reset-after", "truncate", "short", "corrupt"}
+BODY_ACTIONS = {"reset-after", "truncate", "short", "corrupt"}  # need the whole answer first
+CHUNK = 256 << 10
+
+
+class Throttle:
+    """One link's bandwidth, shared by every connection: each send reserves its bytes and waits
+    until the link would have carried them (a token bucket with a burst of one chunk)."""
+
+    def __init__(self, rate: float):
+        self.rate = float(rate)
+        self._lock = threading.Lock()
+        self._free_at = time.monotonic()  # when the link has carried everything reserved so far
+
+    def take(self, n: int) -> None:
+        with self._lock:
+            now = time.monotonic()
+            start = max(self._free_at, now - CHUNK / self.rate)  # idle time banks one chunk, no more
+            self._free_at = start + n / self.rate
+            wait = self._free_at - now - CHUNK / self.rate
+        if wait > 0:
+            time.sleep(wait)  # the throttle itself: this connection's bytes wait for the link
 
 
 @dataclass
@@ -57,9 +83,11 @@ class FaultProxy:
     upstream: tuple[str, int]
     requests: list[Request] = field(default_factory=list)
     rules: list[Rule] = field(default_factory=list)
+    rate: float | None = None  # bytes per second down to the client, all connections together
 
     def __post_init__(self):
         self._lock = threading.Lock()
+        self._throttle = Throttle(self.rate) if self.rate else None
         proxy = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -127,6 +155,9 @@ class FaultProxy:
                 sock.sendall(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\n"
                              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
                 continue
+            if self._throttle and action not in BODY_ACTIONS:  # a link: streamed through, not held whole
+                self._stream(sock, method, target, headers, body)
+                continue
             status, reason, out_headers, data = self._forward(method, target, headers, body)
             if action == "reset-after":
                 return _reset(sock)
@@ -145,9 +176,46 @@ class FaultProxy:
                 if k.lower() not in ("content-length", "transfer-encoding", "connection"))
             head += f"Content-Length: {length}\r\n\r\n"
             if action == "truncate" and data:
-                sock.sendall(head.encode() + data[: len(data) // 2])
+                sock.sendall(head.encode())
+                self._send(sock, data[: len(data) // 2])
                 return _reset(sock)
-            sock.sendall(head.encode() + data)
+            sock.sendall(head.encode())
+            self._send(sock, data)
+
+    def _send(self, sock: socket.socket, data) -> None:
+        view = memoryview(data)
+        while view:
+            piece = view[:CHUNK]
+            if self._throttle:
+                self._throttle.take(len(piece))
+            sock.sendall(piece)
+            view = view[len(piece):]
+
+    def _stream(self, sock, method, target, headers, body) -> None:
+        """Forward one request and stream its answer back, chunk by chunk (throttled)."""
+        conn = http.client.HTTPConnection(*self.upstream, timeout=60)
+        try:
+            conn.request(method, target, body=body,
+                         headers={k: v for k, v in headers if k.lower() not in ("expect", "connection")})
+            resp = conn.getresponse()
+            out = [(k, v) for k, v in resp.getheaders() if k.lower() not in ("transfer-encoding", "connection")]
+            length = resp.getheader("content-length")
+            if length is None and method != "HEAD":  # chunked upstream: hold it to tell its length
+                data = resp.read()
+                out = [(k, v) for k, v in out if k.lower() != "content-length"] + [("Content-Length", str(len(data)))]
+                sock.sendall(f"HTTP/1.1 {resp.status} {resp.reason}\r\n".encode()
+                             + "".join(f"{k}: {v}\r\n" for k, v in out).encode() + b"\r\n")
+                self._send(sock, data)
+                return
+            sock.sendall(f"HTTP/1.1 {resp.status} {resp.reason}\r\n".encode()
+                         + "".join(f"{k}: {v}\r\n" for k, v in out).encode() + b"\r\n")
+            if method == "HEAD":
+                return
+            buf = bytearray(CHUNK)
+            while n := resp.readinto(buf):
+                self._send(sock, memoryview(buf)[:n])
+        finally:
+            conn.close()
 
     def _forward(self, method, target, headers, body):
         conn = http.client.HTTPConnection(*self.upstream, timeout=60)
@@ -164,3 +232,29 @@ def _reset(sock: socket.socket) -> None:
     """Close with a TCP RST, as a dropped connection looks to the client."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m tests.integration.faultproxy HOST:PORT [--rate BYTES_PER_S]: serve until killed,
+    printing the proxy's URL as the first line of stdout (the benchmark's throttled link)."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    p.add_argument("upstream", help="HOST:PORT of the server behind the proxy")
+    p.add_argument("--rate", type=float, help="bytes per second to the clients, all connections together")
+    a = p.parse_args(argv)
+    host, _, port = a.upstream.rpartition(":")
+    proxy = FaultProxy((host, int(port)), rate=a.rate)
+    print(proxy.url, flush=True)
+    try:
+        threading.Event().wait()  # until the process is stopped
+    except KeyboardInterrupt:
+        pass
+    proxy.close()
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

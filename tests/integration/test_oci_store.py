@@ -90,7 +90,7 @@ def test_the_store_contract(any_registry, artifact, tmp_path):
     assert not store.has_blob(sha)
     assert store.put_blob(str(artifact["artifact"]), sha) is True
     assert store.has_blob(sha) and store.put_blob(str(artifact["artifact"]), sha) is False
-    with store.open_blob(sha, spool_dir=tmp_path) as f:
+    with store.stream_blob(sha) as f:
         assert f.read() == artifact["artifact"].read_bytes()
 
     signature = {"alg": "ed25519", "key_id": "ab" * 8, "signature": "c2ln"}
@@ -347,8 +347,8 @@ def test_a_layer_corrupted_in_the_registry_is_refused(oci_registry, oci_env, art
     assert any("not activated" in w and "hashed to" in w and "each of 3 downloads" in w for w in got.warnings), \
         got.warnings
     assert _unchanged(root)
-    with pytest.raises(BlobCorrupt):
-        store.open_blob(artifact["sha256"], spool_dir=tmp_path)
+    with pytest.raises(BlobCorrupt), store.stream_blob(artifact["sha256"]) as f:
+        f.read()
 
 
 # The child reports its own high-water mark (VmHWM of its address space) as it exits: the

@@ -90,7 +90,7 @@ def test_eight_concurrent_publishers_of_one_key(tmp_path, s3_url, bucket):
     assert stores[0].list_index() == [("tiny", winner.key)]
     entry = IndexEntry.read(stores[0].get_index("tiny", winner.key), "tiny", winner.key)
     assert entry.blob.sha256 == winner.blob
-    with stores[0].open_blob(winner.blob, spool_dir=tmp_path) as f:
+    with stores[0].stream_blob(winner.blob) as f:
         assert hashlib.sha256(f.read()).hexdigest() == winner.blob
     got = fetch.fetch(tiny_recipe(), stores[0], tmp_path / "node-root")
     assert got.status == "hit", got.warnings

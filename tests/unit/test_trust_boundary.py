@@ -5,6 +5,7 @@ code, or deleted the wrong thing before warmer parsed its inputs once at the bou
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import importlib.util
 import json
 import os
@@ -77,17 +78,32 @@ def test_a_member_with_a_negative_size_is_refused_not_read_forever(tmp_path, how
 
 
 def test_a_store_writer_without_the_key_cannot_hang_a_signed_fetch(packed, tmp_path):
-    """The blob replaced by an archive whose manifest member has a negative size: the signed entry
-    still verifies, so the bytes are read, and refused, not looped on while holding the lock."""
+    """The entry pointed at an archive whose manifest member has a negative size (the blob's name
+    and size are not what the signature covers): the signed entry still verifies, so the bytes
+    are read, and refused, not looped on while holding the lock."""
     keys = _keypair(tmp_path, "builder")
     store, p, published = _publish(packed, tmp_path, key_pair=keys)
     info = tarfile.TarInfo(archive.MANIFEST_MEMBER)
     info.pax_headers = {"size": "-1"}
-    _blob_path(store, published.blob).write_bytes(zstandard.ZstdCompressor().compress(
-        info.tobuf(format=tarfile.PAX_FORMAT) + bytes(4096)))
+    hostile = zstandard.ZstdCompressor().compress(info.tobuf(format=tarfile.PAX_FORMAT) + bytes(4096))
+    sha = hashlib.sha256(hostile).hexdigest()
+    _blob_path(store, sha).parent.mkdir(parents=True, exist_ok=True)
+    _blob_path(store, sha).write_bytes(hostile)
+    entry_file = _entry_path(store, "tiny", p.artifact.key)
+    entry = json.loads(entry_file.read_bytes())
+    entry["blob"] = {"sha256": sha, "size": len(hostile)}
+    entry_file.write_text(json.dumps(entry))
     with time_cap(60):
         got = fetch.fetch(tiny_recipe(), store, tmp_path / "node", trusted_keys=[keys[1]])
     assert got.status == "error" and any("size" in w for w in got.warnings), got.warnings
+    assert restore.active(tmp_path / "node") is None
+    # The published blob replaced in place: refused by its size, or by its digest, unread or read once.
+    _blob_path(store, published.blob).write_bytes(hostile)
+    entry["blob"] = {"sha256": published.blob, "size": len(hostile)}
+    entry_file.write_text(json.dumps(entry))
+    got = fetch.fetch(tiny_recipe(), store, tmp_path / "node", trusted_keys=[keys[1]])
+    assert got.status == "error" and any(f"blob {published.blob} in file://" in w and "corrupt in the store" in w
+                                         for w in got.warnings), got.warnings
     assert restore.active(tmp_path / "node") is None
 
 

@@ -15,12 +15,12 @@ from warmer outside it but the error base.
 from __future__ import annotations
 
 import abc
-import os
 import re
 from datetime import datetime
-from typing import BinaryIO, NamedTuple
+from typing import NamedTuple
 
 from warmer.errors import StoreError, UntrustedInput, UsageError
+from warmer.store.stream import BlobCorrupt, BlobMissing, BlobStream
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # A recipe's name, as recipes spell it (warmer.recipe uses the same pattern).
@@ -29,16 +29,8 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 # far beyond any real cache, and keeps a hostile entry from being read whole into memory.
 MAX_INDEX_BYTES = 64 << 20
 
-__all__ = ["Blob", "BlobCorrupt", "BlobMissing", "HEX64", "MAX_INDEX_BYTES", "NAME", "Store", "StoreError",
+__all__ = ["Blob", "BlobCorrupt", "BlobMissing", "BlobStream", "HEX64", "MAX_INDEX_BYTES", "NAME", "Store", "StoreError",
            "blob_path", "index_path", "open_store", "parse_blob_path", "parse_index_path"]
-
-
-class BlobMissing(StoreError):
-    """An index entry names a blob the store does not hold."""
-
-
-class BlobCorrupt(StoreError):
-    """A blob's bytes do not hash to its name, even after downloading it again."""
 
 
 class NotARegularFile(UntrustedInput):
@@ -130,9 +122,11 @@ class Store(abc.ABC):
     def _upload_blob(self, path: str, sha256: str) -> None: ...
 
     @abc.abstractmethod
-    def open_blob(self, sha256: str, spool_dir: str | os.PathLike | None = None) -> BinaryIO:
-        """The blob's bytes from the start, already checked against its name where the backend
-        must download it whole first."""
+    def stream_blob(self, sha256: str, size: int | None = None) -> BlobStream:
+        """The blob's bytes in order, read in parallel ranges while the caller reads (a window of
+        them in memory, whatever the size), hashed on the way: at the end, BlobCorrupt unless they
+        hash to sha256. size: what the index entry says (a store that holds another size is
+        refused at once). BlobMissing when the store does not hold it."""
 
     @abc.abstractmethod
     def _create_index(self, rel: str, entry: bytes) -> bool:

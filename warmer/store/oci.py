@@ -76,9 +76,10 @@ Plain HTTP only for a loopback registry (localhost, 127.0.0.1, ::1) or with inse
 
 Transfer: uploads are a POST then PATCHes of WARMER_OCI_CHUNK_MIB (16) MiB and a closing PUT;
 after a failed PATCH the client asks the registry for the upload's offset and resumes from it.
-Downloads are parallel ranged GETs into a spool file (memory stays flat), checked against the
-digest, fetched again twice at most, then refused; a registry that ignores Range gets one
-streamed GET. Resets, timeouts, 429, 500, 502, 503 and 504 are retried with backoff, 8 attempts
+Downloads are parallel ranged GETs streamed in order into the extraction (warmer.store.stream:
+a window of parts in memory, the digest computed on the way), read again twice at most when
+the bytes do not hash to the digest, then refused; a registry that ignores Range gets one
+streamed GET through the same window. Resets, timeouts, 429, 500, 502, 503 and 504 are retried with backoff, 8 attempts
 unless WARMER_OCI_MAX_ATTEMPTS says otherwise.
 
 requests is imported here only, when an oci:// store is opened.
@@ -94,17 +95,16 @@ import os
 import random
 import re
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.parse
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import BinaryIO
 
-from warmer.store import (HEX64, NAME, Blob, BlobCorrupt, BlobMissing, IndexTooLarge, Store, StoreError,
-                          parse_index_path)
+from warmer.store import (HEX64, NAME, Blob, BlobCorrupt, BlobMissing, BlobStream, IndexTooLarge, Store,
+                          StoreError, parse_index_path)
+from warmer.store.stream import Cut
 from warmer.store.progress import Progress
 
 MiB = 1 << 20
@@ -142,7 +142,6 @@ MAX_MANIFEST_BYTES = 4 * MiB  # the spec's own suggested limit for manifests
 RETRY_STATUS = {429, 500, 502, 503, 504}
 MAX_ATTEMPTS = 8
 DOWNLOAD_ATTEMPTS = 3  # whole downloads, when the bytes do not hash to the blob's name
-PART_ATTEMPTS = 5      # one ranged part cut short or reset: fetched again from its start
 CHUNK_ENV, ATTEMPTS_ENV = "WARMER_OCI_CHUNK_MIB", "WARMER_OCI_MAX_ATTEMPTS"
 DOCKER_HUB = ("docker.io", "index.docker.io", "registry-1.docker.io")
 # After tagging, a publisher reads the tag back twice: at once, and again after this long (or
@@ -394,7 +393,7 @@ class Garbled(StoreError):
 
 class OCIStore(Store):
     def __init__(self, url: str, *, insecure_registry: bool = False, progress: bool = False,
-                 chunk_size: int | None = None, part_size: int = 16 * MiB, concurrency: int = 8,
+                 chunk_size: int | None = None, part_size: int = 8 * MiB, concurrency: int = 8,
                  settle_s: float = SETTLE_S):
         import requests
         from requests.adapters import HTTPAdapter
@@ -695,109 +694,42 @@ class OCIStore(Store):
                              "the way altered them; publish again")
         raise self._error(resp, "upload", what, size=len(body))
 
-    def open_blob(self, sha256: str, spool_dir: str | os.PathLike | None = None) -> BinaryIO:
-        """Download into an anonymous spool file (in spool_dir) and return it, read from the start.
-
-        Ranged parts land out of order, so the digest is checked once the file is whole; bytes
-        that do not hash to the blob's name are downloaded again, then refused."""
+    def stream_blob(self, sha256: str, size: int | None = None) -> BlobStream:
+        """Ranged GETs of part_size, concurrency at a time, streamed in order to the reader
+        (stream.BlobStream). The first answer tells the size (Content-Range) and whether the
+        registry honours Range at all; one that does not is read as one streamed GET. Resets,
+        timeouts, 429 and 5xx are retried before a body (_request); a body cut short is a part read
+        again."""
         if not HEX64.match(sha256):
             raise StoreError(f"{sha256!r} is not a sha256 hex digest")
-        got = ""
-        for _ in range(DOWNLOAD_ATTEMPTS):
-            spool = tempfile.TemporaryFile(dir=spool_dir, prefix=".warmer-blob-")
-            bar = Progress(f"download {sha256[:12]}") if self.progress else None
-            try:
-                self._download(sha256, spool, bar)
-                spool.seek(0)
-                got = hashlib.file_digest(spool, "sha256").hexdigest()
-                if got == sha256:
-                    spool.seek(0)
-                    return spool
-            except BaseException:
-                spool.close()
-                raise
-            finally:
-                if bar:
-                    bar.close()
-            spool.close()
-        raise BlobCorrupt(f"blob {sha256} from {self.url} hashed to {got} on each of {DOWNLOAD_ATTEMPTS} "
-                          "downloads: corrupt in the registry or altered on the way; not used")
-
-    def _download(self, sha256: str, out: BinaryIO, bar: Progress | None) -> None:
         url, what = self._blob_url(f"sha256:{sha256}"), f"blob {sha256[:12]}"
-        fd = out.fileno()
-        first = self._part(url, what, 0, self.part_size - 1, fd, bar, first=True)
-        total = first
-        if total is None or total <= self.part_size:
-            return
-        stop = threading.Event()
-        starts = range(self.part_size, total, self.part_size)
-        with ThreadPoolExecutor(self.concurrency) as pool:
-            futures = [pool.submit(self._part, url, what, s, min(s + self.part_size, total) - 1, fd, bar, stop=stop)
-                       for s in starts]
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            if any(f.exception() for f in done):
-                stop.set()
-                for f in futures:
-                    f.cancel()
-                wait(futures)
-            for f in futures:
-                f.result()
 
-    def _part(self, url: str, what: str, start: int, end: int, fd: int, bar, *, first: bool = False,
-              stop: threading.Event | None = None) -> int | None:
-        """Bytes start..end of the blob written at their offset in fd, fetched again when cut.
-        The first part tells the blob's total size (from Content-Range), or, when the registry
-        ignores Range, carries the whole blob: then None."""
-        err = ""
-        for attempt in range(PART_ATTEMPTS):
-            if stop is not None and stop.is_set():
-                return None
+        def open_range(start: int, end: int) -> _Answer:
             resp = self._request("GET", url, what=what, action="read", stream=True,
-                                 headers={"Range": f"bytes={start}-{end}", "Accept-Encoding": "identity"})
-            written = 0
+                                 headers={"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"})
+            if resp.status_code == 404:
+                resp.close()
+                raise BlobMissing(f"blob {sha256} is missing from {self.url}: the registry is damaged or it was "
+                                  "deleted; publish the artifact again")
+            if resp.status_code == 416 and start == 0:  # an empty blob
+                resp.close()
+                return _Answer(None, 0, False, self.urllib3)
+            if resp.status_code == 206:
+                m = re.match(r"^bytes (\d+)-(\d+)/(\d+)$", resp.headers.get("Content-Range", ""))
+                if not m or int(m.group(1)) != start:
+                    resp.close()
+                    raise StoreError(f"registry {self.host} answered a ranged GET of {what} with the range "
+                                     f"{resp.headers.get('Content-Range')!r}: report it to its operators")
+                return _Answer(resp, int(m.group(3)), False, self.urllib3)
+            if resp.status_code == 200:  # Range ignored: the whole blob in one stream
+                length = resp.headers.get("Content-Length", "")
+                return _Answer(resp, int(length) if length.isdigit() else None, True, self.urllib3)
             with resp:
-                if resp.status_code == 404:
-                    raise BlobMissing(f"blob {what[5:]} is missing from {self.url}: the registry is damaged or "
-                                      "it was deleted; publish the artifact again")
-                if resp.status_code == 416 and first:  # an empty blob
-                    return 0
-                whole = resp.status_code == 200
-                if resp.status_code == 206:
-                    m = re.match(r"^bytes (\d+)-(\d+)/(\d+)$", resp.headers.get("Content-Range", ""))
-                    if not m or int(m.group(1)) != start:
-                        raise StoreError(f"registry {self.host} answered a ranged GET of {what} with the range "
-                                         f"{resp.headers.get('Content-Range')!r}: report it to its operators")
-                    total, want = int(m.group(3)), int(m.group(2)) - start + 1
-                elif whole and first:  # Range ignored: the whole blob in one stream
-                    total, want = None, int(resp.headers.get("Content-Length", -1))
-                else:
-                    raise self._error(resp, "read", what)
-                if bar and first and total:
-                    bar.total = total
-                buf = memoryview(bytearray(MiB))
-                try:
-                    while n := resp.raw.readinto(buf):
-                        try:
-                            os.pwrite(fd, buf[:n], start + written)
-                        except OSError as e:
-                            raise StoreError(f"cannot write the download of {what}: {e.strerror}") from None
-                        written += n
-                        if bar:
-                            bar(n)
-                except (self.urllib3.exceptions.HTTPError, OSError) as e:  # a body cut short, a reset
-                    err = _reason(e)
-                else:
-                    if want < 0 or written == want:
-                        return total if not whole else None
-                    err = f"{written} of {want} bytes"
-            if bar and written:
-                bar(-written)
-            if whole:
-                os.ftruncate(fd, 0)
-            self._backoff(attempt + 1)
-        raise StoreError(f"the download of {what} from {self.host} was cut short {PART_ATTEMPTS} times ({err}): "
-                         "check the network; not used")
+                raise self._error(resp, "read", what)
+
+        return BlobStream(sha256, open_range, size=size, where=self.url, part_size=self.part_size,
+                          threads=self.concurrency, probe_first=True,
+                          attempts=DOWNLOAD_ATTEMPTS)
 
     def list_blobs(self) -> list[Blob]:
         """A registry lists no blobs: the layers whose manifests this handle deleted (gc unlinks
@@ -1117,3 +1049,22 @@ def _reason(e: BaseException | None) -> str:
         if known.lower() in text.lower():
             return known
     return type(e).__name__
+
+
+class _Answer:
+    """A blob GET's answer (206 for a range, 200 for the whole blob), as stream.BlobStream reads it."""
+
+    def __init__(self, resp, total: int | None, whole: bool, urllib3):
+        self.resp, self.total, self.whole, self._urllib3 = resp, total, whole, urllib3
+
+    def readinto(self, view) -> int:
+        if self.resp is None:
+            return 0
+        try:
+            return self.resp.raw.readinto(view)
+        except (self._urllib3.exceptions.HTTPError, OSError) as e:  # a body cut short, a reset, a timeout
+            raise Cut(_reason(e)) from None
+
+    def close(self) -> None:
+        if self.resp is not None:
+            self.resp.close()

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
 import random
-import tempfile
 import time
 from contextlib import contextmanager
-from typing import BinaryIO
 
-from warmer.store import (Blob, BlobCorrupt, BlobMissing, Store, StoreError, blob_path, index_path, parse_blob_path,
-                          parse_index_path)
+from warmer.store import (Blob, BlobCorrupt, BlobMissing, BlobStream, Store, StoreError, blob_path, index_path,
+                          parse_blob_path, parse_index_path)
+from warmer.store.stream import Cut
 from warmer.store.progress import Progress
 
 MiB = 1 << 20
@@ -58,7 +56,7 @@ def cap_malloc_arenas(arenas: int = 2) -> bool:
 
 class S3Store(Store):
     def __init__(self, url: str, *, endpoint_url: str | None = None, path_style: bool | None = None,
-                 progress: bool = False, part_size: int = 16 * MiB, concurrency: int = 10):
+                 progress: bool = False, part_size: int = 8 * MiB, concurrency: int = 8):
         import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
@@ -82,6 +80,7 @@ class S3Store(Store):
         cap_malloc_arenas()
         self._transfer = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size,
                                         max_concurrency=concurrency, num_download_attempts=5)
+        self.part_size, self.concurrency = part_size, concurrency
 
     # -- errors -------------------------------------------------------------------------------
 
@@ -171,55 +170,37 @@ class S3Store(Store):
             if bar:
                 bar.close()
 
-    def open_blob(self, sha256: str, spool_dir: str | os.PathLike | None = None) -> BinaryIO:
-        """Download into an anonymous spool file (in spool_dir) and return it, read from the start.
-
-        Parallel ranged GETs land out of order, so the digest is checked once the file is whole;
-        bytes that do not hash to the blob's name are downloaded again, then refused.
-        """
+    def stream_blob(self, sha256: str, size: int | None = None) -> BlobStream:
+        """A HEAD (the size; a missing blob is told at once), then ranged GETs of part_size,
+        concurrency at a time, streamed in order to the reader (stream.BlobStream). botocore
+        retries throttling, 5xx and resets before a body; a body cut short is a part read again."""
         from botocore.exceptions import ClientError
 
         key = self.prefix + blob_path(sha256)
-        got = ""
-        for _ in range(DOWNLOAD_ATTEMPTS):
-            spool = tempfile.TemporaryFile(dir=spool_dir, prefix=".warmer-blob-")
-            bar = Progress(f"download {sha256[:12]}") if self.progress else None
+        with self._errors("read", key):
             try:
-                with self._errors("read", key):
-                    try:
-                        self._download(key, spool, bar)
-                    except ClientError as e:
-                        if self._code(e) == ("404", 404):
-                            raise BlobMissing(f"blob {sha256} is missing from {self.url}: the store is "
-                                              "damaged; publish the artifact again") from None
-                        raise
-                spool.seek(0)
-                got = hashlib.file_digest(spool, "sha256").hexdigest()
-                if got == sha256:
-                    spool.seek(0)
-                    return spool
-            except BaseException:
-                spool.close()
+                total = self._client.head_object(Bucket=self.bucket, Key=key)["ContentLength"]
+            except ClientError as e:
+                if self._code(e)[1] == 404:
+                    raise BlobMissing(f"blob {sha256} is missing from {self.url}: the store is damaged; "
+                                      "publish the artifact again") from None
                 raise
-            finally:
-                if bar:
-                    bar.close()
-            spool.close()
-        raise BlobCorrupt(f"blob {sha256} from {self.url} hashed to {got} on each of {DOWNLOAD_ATTEMPTS} "
-                          "downloads: corrupt in the store or altered on the way; not used")
+        if size is not None and size != total:
+            raise BlobCorrupt(f"blob {sha256} in {self.url} is {total} bytes, its index entry says {size}: not used")
 
-    def _download(self, key: str, out: BinaryIO, bar: Progress | None) -> None:
-        """boto3's download_fileobj, with a subscriber that also tells the bar the object's size."""
-        from boto3.s3.transfer import create_transfer_manager
-        from s3transfer.subscribers import BaseSubscriber
+        def open_range(start: int, end: int) -> _Body:
+            with self._errors("read", key):
+                try:
+                    got = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+                except ClientError as e:
+                    if self._code(e)[1] == 404:
+                        raise BlobMissing(f"blob {sha256} is missing from {self.url}: deleted while it was read; "
+                                          "publish the artifact again") from None
+                    raise
+            return _Body(got)
 
-        class Bar(BaseSubscriber):
-            def on_progress(self, future, bytes_transferred, **kwargs):
-                bar.total = future.meta.size
-                bar(bytes_transferred)
-
-        with create_transfer_manager(self._client, self._transfer) as manager:
-            manager.download(self.bucket, key, out, subscribers=[Bar()] if bar else None).result()
+        return BlobStream(sha256, open_range, size=total, where=self.url, part_size=self.part_size,
+                          threads=self.concurrency, attempts=DOWNLOAD_ATTEMPTS)
 
     def list_blobs(self) -> list[Blob]:
         return [Blob(sha, obj["Size"], obj["LastModified"]) for rel, obj in self._list("blobs/sha256/")
@@ -291,3 +272,26 @@ class S3Store(Store):
             pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
                                                                           Prefix=self.prefix + under)
             return [(obj["Key"][len(self.prefix):], obj) for page in pages for obj in page.get("Contents", [])]
+
+
+class _Body:
+    """A ranged GetObject's answer, as stream.BlobStream reads it."""
+
+    whole = False
+
+    def __init__(self, got: dict):
+        self.body = got["Body"]
+        total = (got.get("ContentRange") or "").rpartition("/")[2]
+        self.total = int(total) if total.isdigit() else None
+
+    def readinto(self, view) -> int:
+        from botocore.exceptions import BotoCoreError
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return self.body.readinto(view)
+        except (BotoCoreError, HTTPError, OSError) as e:  # a reset, a timeout, a body shorter than its length
+            raise Cut(type(e).__name__) from None
+
+    def close(self) -> None:
+        self.body.close()
