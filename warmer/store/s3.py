@@ -21,7 +21,7 @@ import random
 import time
 from contextlib import contextmanager
 
-from warmer.store import (Blob, BlobCorrupt, BlobMissing, BlobStream, Store, StoreError, blob_path, index_path,
+from warmer.store import (Blob, BlobMissing, BlobStream, Store, StoreError, blob_path, index_path,
                           parse_blob_path, parse_index_path)
 from warmer.store.stream import Cut
 from warmer.store.progress import Progress
@@ -171,22 +171,27 @@ class S3Store(Store):
                 bar.close()
 
     def stream_blob(self, sha256: str, size: int | None = None) -> BlobStream:
-        """A HEAD (the size; a missing blob is told at once), then ranged GETs of part_size,
-        concurrency at a time, streamed in order to the reader (stream.BlobStream). botocore
+        """Ranged GETs of part_size, concurrency at a time, streamed in order to the reader
+        (stream.BlobStream). With the index entry's size, the first GETs go out at once (every
+        answer's Content-Range must agree with it); without it, a HEAD asks first. botocore
         retries throttling, 5xx and resets before a body; a body cut short is a part read again."""
         from botocore.exceptions import ClientError
 
         key = self.prefix + blob_path(sha256)
-        with self._errors("read", key):
-            try:
-                total = self._client.head_object(Bucket=self.bucket, Key=key)["ContentLength"]
-            except ClientError as e:
-                if self._code(e)[1] == 404:
-                    raise BlobMissing(f"blob {sha256} is missing from {self.url}: the store is damaged; "
-                                      "publish the artifact again") from None
-                raise
-        if size is not None and size != total:
-            raise BlobCorrupt(f"blob {sha256} in {self.url} is {total} bytes, its index entry says {size}: not used")
+
+        def missing() -> BlobMissing:
+            return BlobMissing(f"blob {sha256} is missing from {self.url}: the store is damaged or it was "
+                               "deleted; publish the artifact again")
+
+        total = size
+        if total is None:
+            with self._errors("read", key):
+                try:
+                    total = self._client.head_object(Bucket=self.bucket, Key=key)["ContentLength"]
+                except ClientError as e:
+                    if self._code(e)[1] == 404:
+                        raise missing() from None
+                    raise
 
         def open_range(start: int, end: int) -> _Body:
             with self._errors("read", key):
@@ -194,8 +199,7 @@ class S3Store(Store):
                     got = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}")
                 except ClientError as e:
                     if self._code(e)[1] == 404:
-                        raise BlobMissing(f"blob {sha256} is missing from {self.url}: deleted while it was read; "
-                                          "publish the artifact again") from None
+                        raise missing() from None
                     raise
             return _Body(got)
 
