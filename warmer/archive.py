@@ -14,7 +14,6 @@ and extracting. Leaf module: imports nothing from warmer but the error base and 
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import os
 import queue
@@ -35,7 +34,6 @@ from warmer.untrusted import MAX_INT, Fields, InvalidDocument
 
 MANIFEST_MEMBER = "artifact.json"
 CHUNK = 1 << 20
-PACK_BUFFER = 1 << 20  # the tar stream goes to zstd in pieces this big
 BLOCK = tarfile.BLOCKSIZE
 # Keep the permission bits, never setuid/setgid/sticky: the files are code a server will load.
 MODE_MASK = 0o755
@@ -135,132 +133,33 @@ def _padding(size: int) -> bytes:
 def pack_body(root: Path, relpaths: Iterable[str], out: BinaryIO, level: int = 3) -> list[FileEntry]:
     """Write the files as tar members in one zstd frame; return their manifest entries.
 
-    A thread of its own (_TarReader) reads the files ahead into a few reused buffers, laid out
-    as the tar stream (headers, data, padding), and hashes every member's bytes as it reads them;
-    this thread only hands the full buffers to zstd, whose worker threads compress them. So
-    reading, hashing and compressing overlap, and the digests are of the very bytes archived.
+    Digests are computed from the very bytes that go into the archive, in the same pass, while
+    zstd's worker threads compress the bytes written before.
     """
+    entries = []
     cctx = zstandard.ZstdCompressor(level=level, threads=-1, write_checksum=True)
-    reader = _TarReader(root, relpaths)
-    try:
-        with cctx.stream_writer(out, closefd=False) as w:
-            while (got := reader.next()) is not None:
-                buf, n = got
-                w.write(memoryview(buf)[:n])  # the compressor copies it: the buffer can go back
-                reader.give_back(buf)
-        return reader.entries
-    finally:
-        reader.close()
-
-
-class _TarReader:
-    """The tar stream of a list of files, made in a thread: full buffers of PACK_BUFFER bytes,
-    POOL of them in all (reused), each member's sha256 taken as its bytes are read in."""
-
-    POOL = 8
-    LOOKAHEAD = 8  # files opened ahead, so the kernel reads them in while this one is packed
-
-    def __init__(self, root: Path, relpaths: Iterable[str]):
-        self.root, self.relpaths = root, relpaths
-        self.entries: list[FileEntry] = []
-        self.full: queue.SimpleQueue = queue.SimpleQueue()
-        self.free: queue.SimpleQueue = queue.SimpleQueue()
-        for _ in range(self.POOL):
-            self.free.put(bytearray(PACK_BUFFER))
-        self.stop = False
-        self.thread = threading.Thread(target=self._run, name="warmer-pack-reader", daemon=True)
-        self.thread.start()
-
-    def next(self) -> tuple[bytearray, int] | None:
-        item = self.full.get()
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    def give_back(self, buf: bytearray) -> None:
-        self.free.put(buf)
-
-    def close(self) -> None:
-        self.stop = True
-        self.free.put(None)  # wake it if it waits for a buffer
-        self.thread.join()
-
-    def _run(self) -> None:
-        try:
-            self._read()
-        except BaseException as e:  # raised by next() in the packing thread
-            self.full.put(e)
-
-    def _open(self, rel: str):
-        path = os.path.join(self.root, rel)
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise ArchiveError(f"{rel}: not a regular file; only regular files are packed")
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        if st.st_size > BLOCK:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)  # read in by the kernel, meanwhile
-        return rel, st, fd
-
-    def _read(self) -> None:
-        buf, pos = self.free.get(), 0
-        ahead: collections.deque = collections.deque()
-        names = iter(self.relpaths)
-
-        def put(data: bytes) -> None:  # small pieces (headers, padding): copied in
-            nonlocal pos
-            view = memoryview(data)
-            while view:
-                k = min(len(view), len(buf) - pos)
-                buf[pos:pos + k] = view[:k]
-                pos += k
-                view = view[k:]
-                if pos == len(buf):
-                    emit()
-
-        def emit() -> None:
-            nonlocal buf, pos
-            self.full.put((buf, pos))
-            buf, pos = self.free.get(), 0
-            if buf is None or self.stop:
-                raise _Stopped
-
-        try:
-            while True:
-                while len(ahead) < self.LOOKAHEAD and (rel := next(names, None)) is not None:
-                    ahead.append(self._open(rel))
-                if not ahead:
-                    break
-                rel, st, fd = ahead.popleft()
-                try:
-                    put(_member_header(rel, st.st_size, st.st_mode, st.st_mtime_ns))
-                    h = hashlib.sha256()
-                    n = 0
-                    while k := os.readv(fd, [memoryview(buf)[pos:]]):
-                        h.update(memoryview(buf)[pos:pos + k])
-                        pos += k
-                        n += k
-                        if pos == len(buf):
-                            emit()
-                finally:
-                    os.close(fd)
-                if n != st.st_size:
-                    raise ArchiveError(f"{rel}: changed while it was packed ({st.st_size} -> {n} bytes); "
-                                       "pack only after the warm-up process has exited")
-                put(_padding(n))
-                self.entries.append(FileEntry(rel, n, h.hexdigest(), st.st_mode & MODE_MASK, st.st_mtime_ns))
-            put(b"\0" * (2 * BLOCK))  # end of archive
-            if pos:
-                self.full.put((buf, pos))
-            self.full.put(None)
-        except _Stopped:
-            pass
-        finally:
-            for _, _, fd in ahead:
-                os.close(fd)
-
-
-class _Stopped(Exception):
-    """The packing thread gave up (an error there): the reader stops."""
+    buf = memoryview(bytearray(CHUNK))  # the compressor copies what it is given: one buffer will do
+    with cctx.stream_writer(out, closefd=False) as w:
+        for rel in relpaths:
+            path = os.path.join(root, rel)
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                raise ArchiveError(f"{rel}: not a regular file; only regular files are packed")
+            w.write(_member_header(rel, st.st_size, st.st_mode, st.st_mtime_ns))
+            h = hashlib.sha256()
+            n = 0
+            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb", buffering=0) as f:
+                while k := f.readinto(buf):
+                    h.update(buf[:k])
+                    w.write(buf[:k])
+                    n += k
+            if n != st.st_size:
+                raise ArchiveError(f"{rel}: changed while it was packed ({st.st_size} -> {n} bytes); "
+                                   "pack only after the warm-up process has exited")
+            w.write(_padding(n))
+            entries.append(FileEntry(rel, n, h.hexdigest(), st.st_mode & MODE_MASK, st.st_mtime_ns))
+        w.write(b"\0" * (2 * BLOCK))  # end of archive
+    return entries
 
 
 def manifest_frame(manifest: bytes, level: int = 3) -> bytes:

@@ -19,8 +19,10 @@ def temp_beside(path: Path) -> Path:
 
 
 @contextmanager
-def atomic_write(path: str | os.PathLike, mode: int = 0o644) -> Iterator[BinaryIO]:
-    """Open a new file beside path for writing; on success it replaces path (fsync, then rename)."""
+def atomic_write(path: str | os.PathLike, mode: int = 0o644, durable: bool = True) -> Iterator[BinaryIO]:
+    """Open a new file beside path for writing; on success it replaces path (fsync, then rename).
+    durable=False skips the fsync, for a file whose reader checks it whole anyway: readers still
+    see the old file or the new one, but after a power loss the new one may be torn."""
     path = Path(path)
     tmp = temp_beside(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
@@ -28,7 +30,8 @@ def atomic_write(path: str | os.PathLike, mode: int = 0o644) -> Iterator[BinaryI
         with open(fd, "wb") as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
