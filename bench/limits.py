@@ -295,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     if {"floor", "scaling", "concurrent"} & set(a.what) and not common.S3RVER.exists():
         print("limits: s3rver is not installed: `make bench` installs it into .s3rver (npm)", file=sys.stderr)
         return 2
-    biggest = max(tree.parse_size(s) for s in a.sizes) if "scaling" in a.what else 0
+    biggest = max(tree.parse_size(s.partition("x")[0]) * int(s.partition("x")[2] or 1)
+                  for s in a.sizes) if "scaling" in a.what else 0
     need = biggest * (3 * a.trials + 3) * 11 // 10
     if shutil.disk_usage(a.workdir).free < need:
         print(f"limits: {tree.human(need)} of free space needed under {a.workdir}", file=sys.stderr)

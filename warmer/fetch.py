@@ -151,8 +151,8 @@ def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, 
         out["status"] = "misfit"
         warnings += [d.line() for d in decided if not d.ok]
         return
-    marker = restore.active(root)
-    if (trusted_keys and marker and marker.artifact.key == art.key and marker.artifact.id != art.id
+    marker = restore.active(root, expect=art) if trusted_keys else None  # only signed artifacts can be rolled back
+    if (marker and marker.artifact.key == art.key and marker.artifact.id != art.id
             and _older(art, marker.artifact) and restore.still_intact(marker, root, trusted_keys) is None):
         out["status"] = "rollback"
         warnings.append(f"not activated: the store offers an artifact created {art.created_at}, older than the "
