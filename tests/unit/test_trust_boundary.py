@@ -383,9 +383,11 @@ def test_ctrl_c_in_fetch_exits_130_without_a_traceback(packed, tmp_path):
     recipe = write_tiny_recipe(tmp_path / "tiny.toml")
     with open(restore.lock_path(root), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # held here: the fetch waits for it
+        # SIGINT at its default in the child: a test run started in the background by a shell
+        # without job control (`cmd &`, nohup) has it ignored, and Python then never raises on it.
         proc = subprocess.Popen([sys.executable, "-m", "warmer", "fetch", str(recipe), "--store", store.url,
                                  "--root", str(root)], cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True)
+                                text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         for line in proc.stderr:  # synchronised on what it prints when it starts to wait
             if "waiting up to" in line:
                 break
