@@ -73,7 +73,7 @@ def phases_table(cold: dict, restored: dict) -> str:
     if not r:
         return ""
     lines = [f"  {'phase of the start':<24}{'cold':>9}{'restored':>10}  a cache could still remove it?"]
-    for name in [n for n in PHASE_ORDER if n in c or n in r] + sorted(set(c) | set(r) - set(PHASE_ORDER)):
+    for name in [n for n in PHASE_ORDER if n in c or n in r] + sorted((set(c) | set(r)) - set(PHASE_ORDER)):
         lines.append(f"  {name:<24}{seconds(c.get(name)):>9}{seconds(r.get(name)):>10}  {PHASE_NOTES.get(name, '')}")
     return "\n".join(lines)
 

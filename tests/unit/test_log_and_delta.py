@@ -113,6 +113,8 @@ def test_a_dynamo_trace_in_the_workload_is_not_part_of_the_start():
 def test_the_report_names_what_a_cache_could_still_remove():
     restored = {"phases": warmup.phases(CPU_RESTORED_STAMPED, {"import_s": 9.27, "engine_init_s": 44.13})}
     table = report.phases_table({"phases": {"Dynamo trace": 1.65, "graph load or compile": 42.1}}, restored)
+    names = [line.split("  ")[1].strip() for line in table.splitlines()[1:]]
+    assert len(names) == len(set(names)), names  # one line a phase
     lines = {line.split("  ")[1].strip(): line for line in table.splitlines()[1:]}
     assert "yes" in lines["Dynamo trace"] and "AOT compile" in lines["Dynamo trace"]
     assert "42.1 s" in lines["graph load or compile"] and "1.4 s" in lines["graph load or compile"]
