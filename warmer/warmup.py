@@ -224,7 +224,6 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
     # the restored start's phases need them. Logging only: not in any compile key (vLLM hashes
     # VLLM_* factors, Inductor its configs).
     env.setdefault("TORCH_LOGS", os.environ.get("TORCH_LOGS") or "dynamo")
-    env = {k: v for k, v in env.items() if v is not None}  # extra_env's None: leave that variable unset
     t0 = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "warmer.workload", str(spec_path), str(result_path)],

@@ -141,7 +141,6 @@ HOST = re.compile(r"^(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-
 MAX_MANIFEST_BYTES = 4 * MiB  # the spec's own suggested limit for manifests
 RETRY_STATUS = {429, 500, 502, 503, 504}
 MAX_ATTEMPTS = 8
-DOWNLOAD_ATTEMPTS = 3  # whole downloads, when the bytes do not hash to the blob's name
 CHUNK_ENV, ATTEMPTS_ENV = "WARMER_OCI_CHUNK_MIB", "WARMER_OCI_MAX_ATTEMPTS"
 DOCKER_HUB = ("docker.io", "index.docker.io", "registry-1.docker.io")
 # After tagging, a publisher reads the tag back twice: at once, and again after this long (or
@@ -728,8 +727,7 @@ class OCIStore(Store):
                 raise self._error(resp, "read", what)
 
         return BlobStream(sha256, open_range, size=size, where=self.url, part_size=self.part_size,
-                          threads=self.concurrency, probe_first=True,
-                          attempts=DOWNLOAD_ATTEMPTS)
+                          threads=self.concurrency, probe_first=True)
 
     def list_blobs(self) -> list[Blob]:
         """A registry lists no blobs: the layers whose manifests this handle deleted (gc unlinks

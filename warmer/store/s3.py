@@ -32,7 +32,6 @@ ADDRESSING_ENV = "WARMER_S3_ADDRESSING_STYLE"
 # with backoff, 8 attempts in all unless AWS_MAX_ATTEMPTS (or AWS_RETRY_MODE) says otherwise; a
 # body cut short mid-stream, by s3transfer (downloads) or by get_index below.
 MAX_ATTEMPTS = 8
-DOWNLOAD_ATTEMPTS = 3  # whole downloads, when the bytes do not hash to the blob's name
 CONFLICT_ATTEMPTS = 5  # S3 answers 409 to a conditional put racing another one: try again
 
 
@@ -204,7 +203,7 @@ class S3Store(Store):
             return _Body(got)
 
         return BlobStream(sha256, open_range, size=total, where=self.url, part_size=self.part_size,
-                          threads=self.concurrency, attempts=DOWNLOAD_ATTEMPTS)
+                          threads=self.concurrency)
 
     def list_blobs(self) -> list[Blob]:
         return [Blob(sha, obj["Size"], obj["LastModified"]) for rel, obj in self._list("blobs/sha256/")

@@ -40,6 +40,7 @@ from warmer.errors import StoreError
 
 MiB = 1 << 20
 PART_ATTEMPTS = 5  # one part cut short this many times in a row: the download fails
+DOWNLOAD_ATTEMPTS = 3  # whole reads of a blob over a network, when its bytes do not hash to its name
 # The parts held at once (arriving, or downloaded and not yet read and hashed), in bytes: the
 # memory a fetch holds for its download, whatever the blob's size. 32 MiB is four 8 MiB parts:
 # three ranged GETs in flight and one part ahead of the reader. Object stores serve about
@@ -97,7 +98,7 @@ class BlobStream:
 
     def __init__(self, sha256: str, open_range: OpenRange, *, size: int | None = None, where: str = "the store",
                  part_size: int = 8 * MiB, threads: int = 8, window_bytes: int | None = None,
-                 probe_first: bool = False, attempts: int = 3, on_bytes: Callable[[int], None] | None = None,
+                 probe_first: bool = False, attempts: int = DOWNLOAD_ATTEMPTS,
                  on_close: Callable[[], None] | None = None, backoff_s: float = 0.1):
         if part_size < 1 or threads < 1:
             raise ValueError("part_size and threads must be positive")
@@ -109,7 +110,7 @@ class BlobStream:
         self.attempts = attempts  # how many times a caller may read the blob again (restore's loop)
         self.sha256 = hashlib.sha256()
         self.bytes = 0  # delivered to the reader
-        self._open_range, self._on_bytes, self._on_close = open_range, on_bytes, on_close
+        self._open_range, self._on_close = open_range, on_close
         self._part, self._window, self._backoff_s = part_size, window, backoff_s
         self._expected_size = size
         self._cond = threading.Condition()
@@ -367,8 +368,6 @@ class BlobStream:
             if not n:
                 break
             filled += n
-            if self._on_bytes is not None:
-                self._on_bytes(n)
         return filled
 
     def _read_sequentially(self, answer: Answer, k: int, buf: bytearray) -> Answer:
