@@ -14,7 +14,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(STAMP)
 
+# warmer's own bytecode, written here: an editable install compiles none, and where
+# PYTHONDONTWRITEBYTECODE is set every warmer process would compile its sources again (0.1 s).
 install: $(STAMP)
+	@$(PY) -m compileall -q warmer
 
 # Generate a tiny model, build its recipe into a local file store, fetch it into another
 # empty root, verify the restored start, and print the report.

@@ -114,24 +114,56 @@ def test_no_more_parts_are_held_than_the_window_allows():
         assert done == len(store.data)
 
 
-def test_a_part_cut_short_is_asked_for_again_that_range_alone():
+def test_a_part_cut_short_is_asked_for_again_from_where_it_broke_off():
     part = 64 * KiB
     store = Store(os.urandom(10 * part))
-    store.cuts[3 * part] = [(1000, True), (5000, False)]  # a reset, then a body that ends early
+    store.cuts[3 * part] = [(1000, True)]          # a reset after 1000 bytes,
+    store.cuts[3 * part + 1000] = [(5000, False)]  # then a body that ends early
     with stream(store, size=len(store.data)) as s:
         assert read_all(s) == store.data
-    starts = [start for start, _ in store.asked]
-    assert starts.count(3 * part) == 3
-    assert all(starts.count(k * part) == 1 for k in range(10) if k != 3)
+    asked = sorted(store.asked)
+    assert [r for r in asked if 3 * part <= r[0] < 4 * part] == [(3 * part, 4 * part), (3 * part + 1000, 4 * part),
+                                                                 (3 * part + 6000, 4 * part)]
+    assert all([start for start, _ in asked].count(k * part) == 1 for k in range(10) if k != 3)
+
+
+def test_the_reader_takes_a_part_as_it_arrives():
+    """Bytes of a part still downloading are the reader's at once: the first bytes of the blob
+    are read while the rest of its first part has not been sent."""
+    part = 64 * KiB
+    store = Store(os.urandom(4 * part))
+    sent, go_on = threading.Event(), threading.Event()
+    held = store.open_range
+
+    def open_range(start, end):
+        answer = held(start, end)
+        if start == 0:
+            read = answer.readinto
+
+            def readinto(view):
+                if answer.pos >= 7 * KiB:  # the first chunk is out: hold the rest
+                    sent.set()
+                    assert go_on.wait(10)
+                return read(view)
+            answer.readinto = readinto
+        return answer
+
+    with BlobStream(hashlib.sha256(store.data).hexdigest(), open_range, size=len(store.data), part_size=part,
+                    threads=2, window_bytes=4 * part, backoff_s=0) as s:
+        assert sent.wait(10)
+        assert s.read(7 * KiB) == store.data[:7 * KiB]  # part 0 is not whole yet
+        go_on.set()
+        assert s.read() == store.data[7 * KiB:]
 
 
 def test_a_part_cut_short_every_time_fails_the_download():
     part = 64 * KiB
     store = Store(os.urandom(10 * part))
-    store.cuts[2 * part] = [(100, True)] * 5
+    for i in range(5):
+        store.cuts[2 * part + i * 100] = [(100, True)]
     with stream(store, size=len(store.data)) as s, pytest.raises(StoreError, match="cut short 5 times"):
         read_all(s)
-    assert [start for start, _ in store.asked].count(2 * part) == 5
+    assert [start for start, _ in store.asked if 2 * part <= start < 3 * part] == [2 * part + i * 100 for i in range(5)]
 
 
 def test_a_server_that_ignores_range_is_read_as_one_stream_through_the_window():
@@ -140,8 +172,8 @@ def test_a_server_that_ignores_range_is_read_as_one_stream_through_the_window():
     store.cuts[0] = [(7 * part + 3, True)]  # the probe is answered with the whole blob, cut in part 7
     with stream(store, size=len(store.data), probe_first=True) as s:
         assert read_all(s) == store.data
-    # the probe, then one more ask after the cut (from the part it broke off in), nothing in parallel
-    assert store.asked == [(0, part), (7 * part, len(store.data))]
+    # the probe, then one more ask after the cut (from the byte it broke off at), nothing in parallel
+    assert store.asked == [(0, part), (7 * part + 3, len(store.data))]
 
 
 def test_wrong_bytes_are_refused_at_the_end_and_drain_tells_wire_from_store():

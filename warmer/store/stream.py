@@ -5,15 +5,18 @@
                                             └─► sha256 of the blob, in order, by the thread that
                                                 completed the next part (not the reader's thread)
 
-The reader (restore's extraction) starts on the first part while later parts are still arriving;
-at most W parts of part_size bytes are held at any time, whatever the blob's size. At the end
+The reader (restore's extraction) reads each part as its bytes arrive, while later parts are
+still arriving: when the last byte lands, almost nothing is left to unpack. At most W parts of
+part_size bytes are held at any time, whatever the blob's size. At the end
 of the blob, read() compares the digest with the blob's name and raises BlobCorrupt when they
 differ, so that no caller can take unchecked bytes for the blob.
 
 What can be checked where. The only digest a blob has is its name, over all of its bytes, so a
 part cannot be checked alone:
   - a part that arrives short (a reset, a timeout, a body cut off, fewer bytes than asked) is
-    detected by its length and read again, that part alone, up to PART_ATTEMPTS times in a row;
+    detected by its length and asked for again from where it broke off, up to PART_ATTEMPTS
+    times in a row (bytes once in a buffer never change: the reader may have taken them, and
+    the digest must be over the bytes it took);
   - a part with the right length and wrong bytes is detected only at the end (the blob's
     digest), or earlier by what the bytes feed (zstd's checksums, a member's sha256). Either way
     the reader asks drain() whether the whole blob hashes to its name: if it does, the store
@@ -118,6 +121,7 @@ class BlobStream:
         self._sequential = False
         self._bufs: dict[int, bytearray] = {}   # parts downloaded and not yet both read and hashed
         self._ready: set[int] = set()           # parts whose bytes are all in their buffer
+        self._filled: dict[int, int] = {}       # bytes in the buffer so far, of parts being fetched
         self._free: list[bytearray] = []
         self._next_start = 0                    # the next part a thread takes
         self._next_hash = 0                     # the next part to hash (in order)
@@ -222,13 +226,13 @@ class BlobStream:
                 self._finish()
                 return None
             k = self._pos // self._part
-            while k not in self._ready and self._error is None:
+            off = self._pos - k * self._part
+            while self._arrived(k) <= off and self._error is None:
                 self._cond.wait()
             if self._error is not None:
                 raise self._error
             buf = self._bufs[k]
-        off = self._pos - k * self._part
-        take = min(n, self._part_len(k) - off)
+            take = min(n, self._arrived(k) - off)
         self._pos += take
         self.bytes += take
         if off + take == self._part_len(k):
@@ -257,11 +261,16 @@ class BlobStream:
     def _part_len(self, k: int) -> int:
         return min(self._part, self._size - k * self._part)
 
+    def _arrived(self, k: int) -> int:
+        """Bytes of part k in its buffer so far (under the lock)."""
+        return self._part_len(k) if k in self._ready else self._filled.get(k, 0)
+
     def _release(self, k: int) -> None:
         """Part k's buffer back to the pool once it is both read and hashed (under the lock)."""
         if k < self._read_part and k < self._next_hash and k in self._bufs:
             self._free.append(self._bufs.pop(k))
             self._ready.discard(k)
+            self._filled.pop(k, None)
 
     def _fail(self, e: BaseException) -> None:
         with self._cond:
@@ -284,7 +293,7 @@ class BlobStream:
             if self._next_start < min(self._read_part, self._next_hash) + self._window:
                 k = self._next_start
                 self._next_start += 1
-                return k, (self._free.pop() if self._free else bytearray(self._part))
+                return k, self._buffer(k)
             self._cond.wait()
 
     def _work(self, index: int) -> None:
@@ -298,8 +307,14 @@ class BlobStream:
         except BaseException as e:  # handed to the reader, which raises it
             self._fail(e)
 
+    def _buffer(self, k: int) -> bytearray:
+        """A buffer for part k, which the reader may read as it fills (under the lock)."""
+        buf = self._free.pop() if self._free else bytearray(self._part)
+        self._bufs[k], self._filled[k] = buf, 0
+        return buf
+
     def _fetch(self, k: int, buf: bytearray) -> None:
-        """Part k into buf; read again, that range alone, when it arrives short."""
+        """Part k into buf; when it arrives short, the rest of it is asked for again."""
         why = ""
         for attempt in range(PART_ATTEMPTS):
             if attempt and not self._stopped:
@@ -307,9 +322,9 @@ class BlobStream:
             with self._cond:
                 if self._stopped:
                     return
-                size = self._size
-            start = k * self._part
-            end = start + (self._part if size is None else self._part_len(k))
+                size, have = self._size, self._filled[k]
+            start = k * self._part + have
+            end = k * self._part + (self._part if size is None else self._part_len(k))
             answer = self._open_range(start, end)
             try:
                 if size is None:
@@ -319,12 +334,12 @@ class BlobStream:
                     if self._sequential:
                         answer = self._read_sequentially(answer, k, buf)
                         return
-                    end = start + self._part_len(k)
+                    end = k * self._part + self._part_len(k)
                 elif answer.total is not None and answer.total != size:
                     raise BlobCorrupt(f"blob {self.name} in {self.where} is {answer.total} bytes, its index "
                                       f"entry says {size}: not used")
-                want = end - start
-                filled = self._fill(answer, memoryview(buf)[:want], skip=start if answer.whole else 0)
+                want = end - k * self._part
+                filled = self._fill(answer, k, buf, have, want, skip=start if answer.whole else 0)
                 if filled == want:
                     self._done(k, buf)
                     return
@@ -353,32 +368,37 @@ class BlobStream:
             self._cond.notify_all()
         return total
 
-    def _fill(self, answer: Answer, view: memoryview, skip: int = 0) -> int:
-        """Read the answer into view, after throwing away its first skip bytes; bytes filled."""
+    def _fill(self, answer: Answer, k: int, buf: bytearray, filled: int, want: int, skip: int = 0) -> int:
+        """Read the answer into part k's buffer from byte filled up to want, after throwing away
+        its first skip bytes; each chunk is the reader's as soon as it is in. Returns the bytes
+        of the part now in the buffer."""
+        view = memoryview(buf)
         while skip:
-            n = answer.readinto(view[:min(skip, len(view))])
+            n = answer.readinto(view[filled:filled + min(skip, want - filled)])
             if not n:
-                return 0
+                return filled
             skip -= n
-        filled = 0
-        while filled < len(view):
+        while filled < want:
             if self._stopped:  # closed, or another part failed: leave this one
                 raise Cut("stopped")
-            n = answer.readinto(view[filled:filled + READ_CHUNK])
+            n = answer.readinto(view[filled:min(filled + READ_CHUNK, want)])
             if not n:
                 break
             filled += n
+            with self._cond:
+                self._filled[k] = filled
+                self._cond.notify_all()
         return filled
 
     def _read_sequentially(self, answer: Answer, k: int, buf: bytearray) -> Answer:
         """A server that ignored Range: one answer, part after part, in this thread, through the
-        same window. A cut is resumed by asking again from the part it broke off in (skipping
+        same window. A cut is resumed by asking again from the byte it broke off at (skipping
         what a whole answer repeats). Returns the answer last open, for the caller to close."""
         failures, skip = 0, 0
         while True:
             want = self._part_len(k)
             try:
-                filled = self._fill(answer, memoryview(buf)[:want], skip=skip)
+                filled = self._fill(answer, k, buf, self._filled[k], want, skip=skip)
                 skip = 0
                 if filled < want:
                     raise Cut(f"{filled} of {want} bytes")
@@ -388,8 +408,9 @@ class BlobStream:
                     raise self._cut_short(str(e)) from None
                 answer.close()
                 time.sleep(random.uniform(0, self._backoff_s * 2 ** failures))  # backoff before asking again
-                answer = self._open_range(k * self._part, self._size)
-                skip = k * self._part if answer.whole else 0
+                start = k * self._part + self._filled[k]  # only this thread changes it
+                answer = self._open_range(start, self._size)
+                skip = start if answer.whole else 0
                 continue
             failures = 0
             self._done(k, buf)
@@ -400,7 +421,7 @@ class BlobStream:
                     return answer
                 k += 1
                 self._next_start = k + 1
-                buf = self._free.pop() if self._free else bytearray(self._part)
+                buf = self._buffer(k)
 
     def _done(self, k: int, buf: bytearray) -> None:
         """Part k is whole: ready for the reader; then hash every part that is next in order,
