@@ -7,6 +7,7 @@ an error is also a JSON object on stdout, so a pipeline reads one stream.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -457,6 +458,14 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a file the operator named, a disk: the message says which
         return _fail(args, f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), "os-error",
                      errors.EXIT_ERROR)
+
+
+def run() -> None:
+    """The `warmer` command (and `python -m warmer`): main, then exit without the garbage
+    collector's last pass over every object the imports made (0.08 s of a node's fetch)."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
 
 
 def _fail(args, message: str, kind: str, code: int) -> int:
