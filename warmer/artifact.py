@@ -151,7 +151,7 @@ class Artifact:
             for name, c in f.items("components"):
                 components[name] = ComponentSummary(c.str("subdir"), c.str_list("env"), c.bool("relocatable"),
                                                     c.int("files", low=0), c.int("bytes", low=0))
-            files = tuple(FileEntry.from_json(e) for e in f.objs("files"))
+            files = FileEntry.all_from_json(f, "files")
             timings = f.obj("timings").doc
             vllm = VllmKey.from_json(f.obj("vllm")) if f.raw("vllm") is not None else None
             serve_env = f.str_map("serve_env") if f.raw("serve_env") is not None else {}

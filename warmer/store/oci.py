@@ -697,8 +697,8 @@ class OCIStore(Store):
         """Ranged GETs of part_size, concurrency at a time, streamed in order to the reader
         (stream.BlobStream). The first answer tells the size (Content-Range) and whether the
         registry honours Range at all; one that does not is read as one streamed GET. Resets,
-        timeouts, 429 and 5xx are retried before a body (_request); a body cut short is a part read
-        again."""
+        timeouts, 429 and 5xx are retried before a body (_request); a body cut short is asked for again
+        from where it broke off."""
         if not HEX64.match(sha256):
             raise StoreError(f"{sha256!r} is not a sha256 hex digest")
         url, what = self._blob_url(f"sha256:{sha256}"), f"blob {sha256[:12]}"

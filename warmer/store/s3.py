@@ -173,7 +173,8 @@ class S3Store(Store):
         """Ranged GETs of part_size, concurrency at a time, streamed in order to the reader
         (stream.BlobStream). With the index entry's size, the first GETs go out at once (every
         answer's Content-Range must agree with it); without it, a HEAD asks first. botocore
-        retries throttling, 5xx and resets before a body; a body cut short is a part read again."""
+        retries throttling, 5xx and resets before a body; a body cut short is asked for again from
+        where it broke off."""
         from botocore.exceptions import ClientError
 
         key = self.prefix + blob_path(sha256)
