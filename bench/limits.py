@@ -43,11 +43,16 @@ NODES = 16
 
 # -- scaling ------------------------------------------------------------------------------------
 
+def _tree_size(label: str) -> tuple[int, int]:
+    """256MiB -> (256 MiB, 1); 256MiBx16 -> (256 MiB, 16): the tree's size and its files' scale."""
+    size_text, _, scale = label.partition("x")
+    return tree.parse_size(size_text), int(scale or 1)
+
+
 def scaling(args) -> dict:
     out = {}
     for label in args.sizes:
-        size_text, _, scale = label.partition("x")
-        size, scale = tree.parse_size(size_text), int(scale or 1)
+        size, scale = _tree_size(label)
         root = args.workdir / (f"tree-{size >> 20}MiB" + (f"-x{scale}" if scale > 1 else ""))
         t0 = time.perf_counter()
         info = tree.generate(root, size, args.seed, scale)
@@ -295,8 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     if {"floor", "scaling", "concurrent"} & set(a.what) and not common.S3RVER.exists():
         print("limits: s3rver is not installed: `make bench` installs it into .s3rver (npm)", file=sys.stderr)
         return 2
-    biggest = max(tree.parse_size(s.partition("x")[0]) * int(s.partition("x")[2] or 1)
-                  for s in a.sizes) if "scaling" in a.what else 0
+    biggest = max(size * scale for size, scale in map(_tree_size, a.sizes)) if "scaling" in a.what else 0
     need = biggest * (3 * a.trials + 3) * 11 // 10
     if shutil.disk_usage(a.workdir).free < need:
         print(f"limits: {tree.human(need)} of free space needed under {a.workdir}", file=sys.stderr)

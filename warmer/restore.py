@@ -69,38 +69,40 @@ class Marker:
                 f'"recipe":"{self.artifact.recipe.name}","archive_sha256":"{self.archive_sha256}",'
                 f'"restored_at":"{self.restored_at}",').encode()
         sig = self.signature.to_json() if self.signature else None
-        return head + b'"signature":' + json.dumps(sig).encode() + b',"artifact":' + \
-            self.artifact.canonical.rstrip(b"\n") + b"}"
+        return head + b'"signature":' + json.dumps(sig).encode() + _artifact_tail(self.artifact)
 
     @classmethod
-    def from_bytes(cls, data: bytes, where: str) -> "Marker":
-        f = Fields(load_json(data, what=where, max_bytes=MAX_MARKER_BYTES), where)
-        art = Artifact.from_json(f.obj("artifact").doc, f"{where}.artifact")
+    def from_bytes(cls, data: bytes, where: str, expect: Artifact | None = None) -> "Marker":
+        """expect: the artifact the caller hopes is active. A marker that ends with its canonical
+        bytes holds it: only the marker's head is parsed (a no-op fetch skips re-reading 10,000 entries)."""
+        tail = _artifact_tail(expect) if expect is not None else None
+        if tail is not None and len(data) <= MAX_MARKER_BYTES and data.endswith(tail):
+            f = Fields(load_json(data[:-len(tail)] + b"}", what=where, max_bytes=MAX_MARKER_BYTES), where)
+            art = expect
+        else:
+            f = Fields(load_json(data, what=where, max_bytes=MAX_MARKER_BYTES), where)
+            art = Artifact.from_json(f.obj("artifact").doc, f"{where}.artifact")
         if f.str("artifact_id", max_len=64) != art.id:
             raise InvalidDocument(f"{where}: its artifact_id does not match its artifact.json")
         return cls(art, f.str("archive_sha256", max_len=64), f.str("restored_at", max_len=64),
                    signing.Signature.from_json(f.raw("signature"), f"{where}.signature"))
 
 
-def active(root: Path, expect: Artifact | None = None) -> Marker | None:
-    """The marker of the artifact active in root, if any (None for a malformed one too).
+def _artifact_tail(art: Artifact) -> bytes:
+    """How a marker ends: artifact.json spliced in as its canonical bytes."""
+    return b',"artifact":' + art.canonical.rstrip(b"\n") + b"}"
 
-    expect: the artifact the caller hopes is active. A marker that ends with its canonical bytes
-    holds it: only the marker's head is parsed (a no-op fetch skips re-reading 10,000 entries)."""
+
+def active(root: Path, expect: Artifact | None = None) -> Marker | None:
+    """The marker of the artifact active in root, if any (None for a malformed one too);
+    expect as Marker.from_bytes takes it."""
     f = _open_regular(Path(root) / MARKER)
     if f is None:
         return None
     with f:
         data = f.read(MAX_MARKER_BYTES + 1)
-    where = f"{root}/{MARKER}"
     try:
-        tail = b',"artifact":' + expect.canonical.rstrip(b"\n") + b"}" if expect is not None else None
-        if tail is not None and len(data) <= MAX_MARKER_BYTES and data.endswith(tail):
-            f = Fields(load_json(data[:-len(tail)] + b"}", what=where, max_bytes=MAX_MARKER_BYTES), where)
-            if f.str("artifact_id", max_len=64) == expect.id:
-                return Marker(expect, f.str("archive_sha256", max_len=64), f.str("restored_at", max_len=64),
-                              signing.Signature.from_json(f.raw("signature"), f"{where}.signature"))
-        return Marker.from_bytes(data, where)
+        return Marker.from_bytes(data, f"{root}/{MARKER}", expect)
     except (InvalidDocument, ArtifactError):
         return None
 
