@@ -19,10 +19,12 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from warmer import build as _build, catalog, doctor as _doctor, explain as _explain
-from warmer import fetch as _fetch, fingerprint as _fingerprint, fleet, flashinfer_jit, restore as _restore
-from warmer import matrix as _matrix, serving, signing, verify as _verify
+# What a node's fetch does not use (build, catalog, doctor, fleet, verify) is imported by the
+# function that needs it: 30 ms of every `warmer fetch` (BENCHMARKS.md, "Against the link").
+from warmer import explain as _explain, fetch as _fetch, fingerprint as _fingerprint, flashinfer_jit
+from warmer import matrix as _matrix, restore as _restore, serving, signing
 from warmer.artifact import Artifact
 from warmer.atomic import write_bytes
 from warmer.entry import IndexEntry
@@ -30,6 +32,9 @@ from warmer.envfile import EnvFile
 from warmer.errors import UsageError
 from warmer.recipe import Recipe, load
 from warmer.store import Store, open_store
+
+if TYPE_CHECKING:
+    from warmer import build as _build, catalog, doctor as _doctor, fleet, verify as _verify
 
 PathLike = str | os.PathLike
 
@@ -55,6 +60,7 @@ def explain(recipe_file: PathLike | Recipe, store_url: str | Store, **store_opti
 
 def build(recipe_file: PathLike | Recipe, store_url: str | Store, root: PathLike, *, workdir: PathLike | None = None,
           allow_partial: bool = False, sign_key: PathLike | None = None, **store_options) -> _build.BuildResult:
+    from warmer import build as _build
     work = Path(workdir).absolute() if workdir else Path(tempfile.mkdtemp(prefix="warmer-"))
     return _build.build(recipe(recipe_file), store(store_url, **store_options), Path(root), work,
                         allow_partial=allow_partial, sign_key=sign_key)
@@ -73,12 +79,14 @@ class Packed:
 
 
 def pack(root: PathLike, recipe_file: PathLike | Recipe, output: PathLike, *, level: int = 3) -> Packed:
+    from warmer import build as _build
     art = _build.pack_root(Path(root), recipe(recipe_file), Path(output), level=level)
     return Packed(str(output), art.key, len(art.files), art.total_bytes, os.path.getsize(output))
 
 
 def publish(artifact_file: PathLike, store_url: str | Store, *, sign_key: PathLike | None = None,
             **store_options) -> _build.PublishResult:
+    from warmer import build as _build
     return _build.publish(store(store_url, **store_options), Path(artifact_file), sign_key)
 
 
@@ -87,7 +95,9 @@ def fetch(recipe_file: PathLike | Recipe, store_url: str | Store, root: PathLike
           lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT, **store_options) -> _fetch.FetchResult:
     """A miss, an unreachable store or a bad artifact is a result (status), not an exception."""
     gpus = _fingerprint.saved_gpus(gpus_from) if gpus_from else None
-    return _fetch.fetch(recipe(recipe_file), store_url, Path(root), max_bytes=max_bytes,
+    # The recipe's schema check runs while the first bytes download (fetch calls checked()).
+    r = recipe_file if isinstance(recipe_file, Recipe) else load(recipe_file, schema_later=True)
+    return _fetch.fetch(r, store_url, Path(root), max_bytes=max_bytes,
                         trusted_keys=tuple(trusted_keys), gpus=gpus, offline=offline, lock_timeout=lock_timeout,
                         store_options={k: v for k, v in store_options.items() if v is not None})
 
@@ -97,6 +107,7 @@ def fetch_all(manifests: PathLike, store_url: str, root_base: PathLike, *, paral
               offline: bool = False, lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT,
               **store_options) -> list[fleet.Outcome]:
     """Every recipe under manifests whose targets include this node's SKU, into root_base/RECIPE."""
+    from warmer import fleet
     return fleet.fetch_all(Path(manifests), store_url, Path(root_base), parallel=parallel,
                            skus=Path(skus) if skus else None,
                            store_options={k: v for k, v in store_options.items() if v is not None},
@@ -106,10 +117,12 @@ def fetch_all(manifests: PathLike, store_url: str, root_base: PathLike, *, paral
 
 def write_fetch_metrics(path: PathLike, outcomes: list[fleet.Outcome]) -> None:
     """node_exporter textfile-collector metrics of fetch outcomes, replaced whole."""
+    from warmer import fleet
     fleet.write_metrics(Path(path), outcomes)
 
 
 def local_roots(root_base: PathLike) -> list[fleet.LocalRoot]:
+    from warmer import fleet
     return fleet.local_roots(Path(root_base))
 
 
@@ -155,6 +168,7 @@ def write_env(env: EnvFile, path: PathLike, fmt: str = "dotenv") -> None:
 
 
 def verify(recipe_file: PathLike | Recipe, root: PathLike, *, workdir: PathLike | None = None) -> _verify.VerifyResult:
+    from warmer import verify as _verify
     root = Path(os.path.abspath(root))
     marker = _restore.active(root)
     cold = marker.artifact.timings.get("build") if marker else None
@@ -183,6 +197,7 @@ class Inspection:
 
 def inspect(file_or_url: str, **store_options) -> Inspection:
     """artifact.json of an artifact file, or of a published artifact (STORE/index/RECIPE/KEY)."""
+    from warmer import catalog
     if "://" in file_or_url:
         entry = catalog.read_entry(file_or_url, **{k: v for k, v in store_options.items() if v is not None})
         return Inspection(entry.artifact, entry)
@@ -190,15 +205,18 @@ def inspect(file_or_url: str, **store_options) -> Inspection:
 
 
 def ls(store_url: str | Store, recipe_name: str | None = None, **store_options) -> catalog.Listing:
+    from warmer import catalog
     return catalog.ls(store(store_url, **store_options), recipe_name)
 
 
 def gc(store_url: str | Store, keep: int, *, older_than_days: float | None = None, dry_run: bool = False,
        **store_options) -> catalog.Collection:
+    from warmer import catalog
     return catalog.gc(store(store_url, **store_options), keep, older_than_days=older_than_days, dry_run=dry_run)
 
 
 def rm(entry_url: str, *, yes: bool = False, **store_options) -> catalog.Removal:
+    from warmer import catalog
     return catalog.rm(entry_url, yes=yes, **{k: v for k, v in store_options.items() if v is not None})
 
 
@@ -212,6 +230,7 @@ def matrix(paths: list[PathLike], *, skus: PathLike | None = None, only: list[st
 
 def doctor(*, root: PathLike | None = None, recipe_file: PathLike | None = None, env_file: PathLike | None = None,
            pid: int | None = None, mountinfo: PathLike | None = None) -> _doctor.Diagnosis:
+    from warmer import doctor as _doctor
     return _doctor.diagnose_here(root=str(root) if root else None, recipe=load(recipe_file) if recipe_file else None,
                                  env_file=str(env_file) if env_file else None, pid=pid,
                                  mountinfo_file=str(mountinfo) if mountinfo else None)

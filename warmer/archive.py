@@ -155,7 +155,7 @@ def pack_body(root: Path, relpaths: Iterable[str], out: BinaryIO, level: int = 3
     cctx = zstandard.ZstdCompressor(level=level, threads=-1, write_checksum=True)
     buf = memoryview(bytearray(CHUNK))  # the compressor copies what it is given: one buffer will do
     with cctx.stream_writer(out, closefd=False) as w:
-        for rel in relpaths:
+        for rel in _largest_last(root, relpaths):
             path = os.path.join(root, rel)
             st = os.lstat(path)
             if not stat.S_ISREG(st.st_mode):
@@ -175,6 +175,20 @@ def pack_body(root: Path, relpaths: Iterable[str], out: BinaryIO, level: int = 3
             entries.append(FileEntry(rel, n, h.hexdigest(), st.st_mode & MODE_MASK, st.st_mtime_ns))
         w.write(b"\0" * (2 * BLOCK))  # end of archive
     return entries
+
+
+def _largest_last(root: Path, relpaths: Iterable[str]) -> list[str]:
+    """The paths in the order given, but for the largest file, which comes last.
+
+    A fetch unpacks as the bytes arrive, so what is left when the last byte lands is the end of
+    the archive: the last piece of one big file (written and hashed at disk speed) rather than
+    hundreds of small ones (a create, write, chmod, utime and close each). One lstat per file
+    (20 ms at 10,000 files): the order is a choice, pack_body stats each file again."""
+    rels = list(relpaths)
+    sizes = [os.lstat(os.path.join(root, rel)).st_size for rel in rels]
+    if sizes:
+        rels.append(rels.pop(sizes.index(max(sizes))))
+    return rels
 
 
 def manifest_frame(manifest: bytes, level: int = 3) -> bytes:

@@ -105,17 +105,16 @@ def cmd_fetch(args) -> int:
         return _fetch_all(args)
     if not args.recipe or not args.root:
         raise errors.UsageError("fetch needs RECIPE and --root (or WARMER_ROOT), or --all MANIFESTS --root-base DIR")
-    recipe = api.recipe(args.recipe)
-    _warn(recipe.notes)
-    result = api.fetch(recipe, args.store, args.root, gpus_from=args.gpus_from, trusted_keys=args.trusted_key or (),
+    result = api.fetch(args.recipe, args.store, args.root, gpus_from=args.gpus_from, trusted_keys=args.trusted_key or (),
                        max_bytes=args.max_bytes, offline=args.offline, lock_timeout=args.lock_timeout,
                        **_store_options(args))
     _warn(result.warnings)
     _say(report.fetch(result))
     _write_env(args, result.env)
     if args.metrics_file:
-        api.write_fetch_metrics(args.metrics_file, [api.fleet.Outcome(result.recipe, result.root, result,
-                                                                      result.restore.seconds if result.restore else 0.0)])
+        from warmer.fleet import Outcome
+        api.write_fetch_metrics(args.metrics_file, [Outcome(result.recipe, result.root, result,
+                                                            result.restore.seconds if result.restore else 0.0)])
     if args.json:
         print(json.dumps(result.to_json(), indent=1, default=str))
     return EXIT_OK if result.hit or not args.require else EXIT_MISS

@@ -19,7 +19,7 @@ from warmer.entry import EntrySchemaError, IndexEntry
 from warmer.envfile import EnvFile
 from warmer.errors import StoreError, Terminated, UntrustedInput, WarmerError
 from warmer.fingerprint import Gpus
-from warmer.recipe import Recipe
+from warmer.recipe import Recipe, RecipeError
 from warmer.store import Store, open_store
 from warmer.vllmkey import FactorDifference
 
@@ -73,20 +73,33 @@ def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int 
     build on a machine without the target GPU). serving_env: the environment vLLM will start
     with besides the env file (default: this process's), for the prediction of vLLM's own key."""
     root = restore.check_root(root)
-    node = fingerprint.probe(root=root, model=recipe.model)
-    if gpus is not None:
-        node = node.with_gpus(gpus)
-    key = compat.key(node, recipe.identity())
-    out = {"recipe": recipe.name, "key": key, "root": str(root), "warnings": [],
-           "env": serving.vllm_env(recipe, root, offline=offline),
+    try:
+        node = fingerprint.probe(root=root, model=recipe.model)
+        if gpus is not None:
+            node = node.with_gpus(gpus)
+        key = compat.key(node, recipe.identity())
+        env = serving.vllm_env(recipe, root, offline=offline)
+    except Exception:
+        recipe.checked()  # unchecked (load's schema_later), the recipe may be what failed: name it
+        raise
+    out = {"recipe": recipe.name, "key": key, "root": str(root), "warnings": [], "env": env,
            "for_gpus": f"{gpus.describe()}, driver {gpus.driver}, from a saved fingerprint" if gpus else None}
+    checked: list[Recipe] = []
+
+    def check_recipe() -> None:
+        """recipe.checked(), once; a RecipeError is the caller's usage error, whatever the store said."""
+        if not checked:
+            checked.append(recipe.checked())
+            out["warnings"][:0] = checked[0].notes
+
     try:
         store = open_store(store_url, **(store_options or {})) if isinstance(store_url, str) else store_url
         out["store"] = store.url
         _fetch(recipe, store, root, node, key, out, max_bytes=max_bytes, trusted_keys=tuple(trusted_keys),
                offline=offline, serving_env=os.environ if serving_env is None else serving_env,
-               lock_timeout=lock_timeout, progress=bool((store_options or {}).get("progress")))
-    except (KeyboardInterrupt, SystemExit, Terminated):
+               lock_timeout=lock_timeout, progress=bool((store_options or {}).get("progress")),
+               check_recipe=check_recipe)
+    except (KeyboardInterrupt, SystemExit, Terminated, RecipeError):
         raise
     except Exception as e:  # the README's promise: whatever went wrong, the pod starts (slowly)
         out.setdefault("store", str(store_url) if isinstance(store_url, str) else getattr(store_url, "url", "?"))
@@ -95,6 +108,7 @@ def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int 
         if not detail.startswith("not activated"):
             detail = f"not activated, {root} is unchanged: {detail}"
         out["warnings"].append(f"{detail}; vLLM will compile from cold")
+    check_recipe()  # before anything is written: a miss or an error may not have needed it
     try:
         restore.prepare(root)
     except OSError as e:
@@ -111,7 +125,7 @@ def _older(offered, active) -> bool:
 
 def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, *, max_bytes: int,
            trusted_keys: tuple, offline: bool, serving_env: Mapping[str, str], lock_timeout: float,
-           progress: bool) -> None:
+           progress: bool, check_recipe) -> None:
     warnings = out["warnings"]
     unfit = compat.unfit_reasons(node)
     if unfit:  # no artifact fits this node: do not even look
@@ -164,7 +178,16 @@ def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, 
     out["env"] = env
     warnings += art.path_contract.warnings(root, recipe.model, [n for n, c in art.components.items() if not c.relocatable],
                                            {**serving_env, **env.vars})
-    result = restore.restore(art, lambda: store.stream_blob(entry.blob.sha256, entry.blob.size), root,
+
+    def open_blob():
+        stream = store.stream_blob(entry.blob.sha256, entry.blob.size)
+        try:
+            check_recipe()  # the first ranges are on their way: this fits in their wait
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+    result = restore.restore(art, open_blob, root,
                              archive_sha256=entry.blob.sha256, max_bytes=max_bytes, trusted_keys=trusted_keys,
                              signature=entry.signature, lock_timeout=lock_timeout, progress=progress)
     out["status"] = "hit" if result.status == "restored" else result.status

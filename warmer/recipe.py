@@ -97,6 +97,16 @@ class Recipe:
     description: str = ""
     notes: tuple[str, ...] = ()     # warnings found while loading (e.g. an engine arg newer than the table)
     offline: bool = False           # nodes serve without network: no FlashInfer downloads
+    # load(..., schema_later=True): (doc, text) whose JSON Schema check checked() still owes
+    unchecked: tuple | None = field(default=None, compare=False, repr=False)
+
+    def checked(self) -> "Recipe":
+        """This recipe with every check done: a RecipeError if it fails one, else the recipe with
+        the notes the schema check found. Itself when nothing was left for later."""
+        if self.unchecked is None:
+            return self
+        doc, text = self.unchecked
+        return parse(doc, self.source, text)
 
     def identity(self) -> dict:
         return {"name": self.name, "model": self.model, "model_id": self.model_id,
@@ -431,12 +441,20 @@ def _at(source: Path, where: dict | None, path: tuple, message: str) -> str:
     return f"{source}:{line}:{col}: {message}"
 
 
-def parse(doc: dict, source: Path, text: str | None = None) -> Recipe:
+def parse(doc: dict, source: Path, text: str | None = None, *, schema_later: bool = False) -> Recipe:
     """The recipe in doc (tomllib's output for source), or a RecipeError listing every problem.
-    With the file's text, each problem carries its line and column."""
-    problems = _check_schema(doc)
+    With the file's text, each problem carries its line and column.
+
+    schema_later leaves the JSON Schema check (70 ms, most of it importing jsonschema) to
+    Recipe.checked(), which the caller must call before it acts on the recipe: a fetch runs it
+    while its first bytes download. A recipe the build itself trips on is checked at once."""
     meaning, path = _check_meaning(doc)
-    problems += meaning
+    if schema_later and not meaning:
+        try:
+            return _build(doc, source, path, (), unchecked=(doc, text))
+        except (KeyError, TypeError, AttributeError, ValueError):
+            pass  # the full check below names what is wrong
+    problems = _check_schema(doc) + meaning
     where = locate(text) if text is not None and problems else None
     ordered = sorted(problems, key=lambda p: _position(where, p[0]) if where else (0, 0))
     errors = [_at(source, where, p, m) for p, m, warn in ordered if not warn]
@@ -446,19 +464,24 @@ def parse(doc: dict, source: Path, text: str | None = None) -> Recipe:
     if errors:  # a header line, so that every error line starts with FILE:LINE:COL after the CLI's prefix
         raise RecipeError(f"{source}: {len(errors)} problems:\n" + "\n".join(errors), errors)
 
+    return _build(doc, source, path, notes)
+
+
+def _build(doc: dict, source: Path, path: str | None, notes: tuple, unchecked: tuple | None = None) -> Recipe:
     model, w = doc["model"], doc["workload"]
     workload = Workload(w["prompt_lengths"], w.get("batch_sizes", [1]), w.get("max_tokens", 16),
                         w.get("sampling", [{"temperature": 0.0}]), w.get("timeout_s", 1800))
     return Recipe(name=doc["name"], source=source, model=path or model["id"], model_id=model.get("id"),
                   revision=model.get("revision"), engine=doc.get("engine", {}), env=dict(doc.get("env", {})),
                   workload=workload, targets=doc.get("targets", []), description=str(doc.get("description", "")),
-                  notes=notes, offline=bool(doc.get("offline", False)))
+                  notes=notes, offline=bool(doc.get("offline", False)), unchecked=unchecked)
 
 
 _TOML_AT = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
 
 
-def load(path: str | os.PathLike) -> Recipe:
+def load(path: str | os.PathLike, *, schema_later: bool = False) -> Recipe:
+    """The recipe in the TOML file at path (schema_later: see parse)."""
     source = Path(path)
     try:
         text = source.read_text()
@@ -470,4 +493,4 @@ def load(path: str | os.PathLike) -> Recipe:
         m = _TOML_AT.search(str(e))
         at = f"{source}:{m.group(1)}:{m.group(2)}" if m else str(source)
         raise RecipeError(f"{at}: not valid TOML: {_TOML_AT.sub('', str(e))}") from e
-    return parse(doc, source, text)
+    return parse(doc, source, text, schema_later=schema_later)

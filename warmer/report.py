@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from warmer.build import BuildResult, PublishResult
-from warmer.catalog import Collection, Listing, Removal
-from warmer.doctor import ERROR, INFO, WARNING, Diagnosis
-from warmer.explain import Explanation
-from warmer.fetch import FetchResult
-from warmer.fingerprint import Fingerprint
-from warmer.verify import VerifyResult
-from warmer.warmup import PHASE_NOTES, PHASE_ORDER
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what a node's fetch does not import (see warmer.api)
+    from warmer.build import BuildResult, PublishResult
+    from warmer.catalog import Collection, Listing, Removal
+    from warmer.doctor import Diagnosis
+    from warmer.explain import Explanation
+    from warmer.fetch import FetchResult
+    from warmer.fingerprint import Fingerprint
+    from warmer.verify import VerifyResult
 
 
 def seconds(value) -> str:
@@ -69,6 +71,7 @@ def timings_table(cold: dict, restored: dict) -> str:
 def phases_table(cold: dict, restored: dict) -> str:
     """Where a start's time goes (warmup.phases), cold against restored, and what a cache could
     still take away from each phase of the restored start."""
+    from warmer.warmup import PHASE_NOTES, PHASE_ORDER
     c, r = cold.get("phases") or {}, restored.get("phases") or {}
     if not r:
         return ""
@@ -228,6 +231,7 @@ def flashinfer_check(r: dict) -> str:
 
 
 def doctor(r: Diagnosis) -> str:
+    from warmer.doctor import ERROR, INFO, WARNING
     lines = ["cache locations:"]
     for row in r.locations:
         where = f"{row['fstype']} on {row['mount_point']}" if row["mount_point"] else "?"

@@ -103,6 +103,47 @@ def test_cli_fetch_hit_prints_env_to_source(published, tmp_path):
                    "--require").returncode == 0  # already active: still a hit
 
 
+@pytest.mark.parametrize("max_model_len", [128, 4096], ids=["hit", "miss"])
+def test_fetch_refuses_a_recipe_that_fails_its_schema_check(published, tmp_path, max_model_len):
+    # fetch checks the recipe's schema while the first bytes download: a typo that leaves the key
+    # unchanged (workload.max_token is not part of it) reaches the store, and must still be refused,
+    # with nothing activated, on a hit as on a miss.
+    recipe_file = _recipe_file(tmp_path, max_model_len=max_model_len)
+    recipe_file.write_text(recipe_file.read_text() + "max_token = 4\n")
+    root, env_file = tmp_path / "r", tmp_path / "vllm.env"
+    out = run_warmer("fetch", recipe_file, "--store", published["store"].url, "--root", root, "--env-file", env_file)
+    assert out.returncode == 2, out.stderr
+    assert f"{recipe_file}:12:1: unknown key workload.max_token; did you mean max_tokens?" in out.stderr
+    assert "Traceback" not in out.stderr and "hit" not in out.stderr
+    assert not root.exists() and not env_file.exists()
+    assert not list(tmp_path.glob(".r.staging-*"))
+    assert fetch.fetch(tiny_recipe(max_model_len=max_model_len), published["store"].url, root).status == \
+        ("hit" if max_model_len == 128 else "miss")  # the same recipe without the typo
+
+
+_GOOD = {"name": "t", "model": {"path": "/m"}, "env": {"A": "1"}, "workload": {"prompt_lengths": [4]}}
+
+
+@pytest.mark.parametrize("change", [
+    {"name": 5}, {"name": "Bad Name"}, {"model": {"id": 5}}, {"model": "m"}, {"engine": 3}, {"engine": {"x": 1}},
+    {"env": {"A": 1}}, {"env": {"A": ["1"]}}, {"env": 3}, {"workload": 3}, {"workload": {"prompt_lengths": "8"}},
+    {"workload": {"prompt_lengths": [4], "sampling": 3}}, {"targets": "h200"}, {"offline": "yes"},
+    {"description": 3}, {"unknown": 1},
+], ids=repr)
+def test_fetch_refuses_every_recipe_that_parse_refuses(tmp_path, change):
+    # A fetch checks the schema late (while its first bytes download), so the recipe's values are
+    # used unchecked until then: whatever they are, the outcome is parse's own RecipeError.
+    from warmer.recipe import RecipeError, parse
+    doc = {**_GOOD, **change}
+    with pytest.raises(RecipeError) as refused:
+        parse(doc, Path("r.toml"))
+    root = tmp_path / "root"
+    with pytest.raises(RecipeError) as e:
+        fetch.fetch(parse(doc, Path("r.toml"), schema_later=True), f"file://{tmp_path / 'store'}", root)
+    assert e.value.errors == refused.value.errors
+    assert not root.exists()
+
+
 def test_the_recipe_file_is_the_recipe(tmp_path):
     from warmer.recipe import load
     assert load(_recipe_file(tmp_path)).digest() == tiny_recipe().digest()

@@ -240,6 +240,23 @@ def test_an_unknown_engine_arg_is_a_warning_when_vllm_is_not_the_recorded_one(tm
     assert "has no such field" in error
 
 
+def test_a_check_left_for_later_is_the_same_check(tmp_path, vllm_version):
+    # fetch loads with schema_later (the check runs while the first bytes download)
+    typo = write(tmp_path, GOOD.replace("prompt_lengths = [8]", "prompt_lengths = [8]\nmax_token = 4"))
+    later, errors = load(typo, schema_later=True), refused(typo)
+    with pytest.raises(RecipeError) as e:
+        later.checked()
+    assert e.value.errors == errors and len(errors) == 1
+    assert later.digest() == load(write(tmp_path, GOOD)).digest()  # what the key is made of
+    # what the build itself cannot read is refused at once, by the full check
+    with pytest.raises(RecipeError, match="workload must be"):
+        parse({"name": "t", "model": {"path": "/m"}, "workload": 3}, Path("r.toml"), schema_later=True)
+    # notes (warnings) come with the check
+    vllm_version("999.0.0")
+    newer = load(write(tmp_path, GOOD.replace("[engine]", "[engine]\nnew_in_a_later_vllm = true")), schema_later=True)
+    assert newer.notes == () and len(newer.checked().notes) == 1 and newer.checked().checked().unchecked is None
+
+
 def test_the_model_stays_out_of_engine(tmp_path, vllm_version):
     path = write(tmp_path, GOOD.replace("[engine]", '[engine]\nmodel = "/models/other"'))
     [error] = refused(path)
