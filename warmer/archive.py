@@ -46,7 +46,7 @@ class ArchiveError(UntrustedInput):
     """The archive is unreadable, or does not match its manifest."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileEntry:
     path: str
     size: int
