@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from warmer import compat, explain, fingerprint, flashinfer_jit, restore, serving
 from warmer.compat import Decision
@@ -71,7 +71,9 @@ def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int 
           store_options: dict | None = None) -> FetchResult:
     """gpus: the GPUs of a serving node's saved fingerprint, in place of this machine's (an image
     build on a machine without the target GPU). serving_env: the environment vLLM will start
-    with besides the env file (default: this process's), for the prediction of vLLM's own key."""
+    with besides the env file (default: this process's), for the prediction of vLLM's own key.
+    A recipe loaded with schema_later is checked while the first bytes download; if it fails,
+    RecipeError, and nothing is activated or written."""
     root = restore.check_root(root)
     try:
         node = fingerprint.probe(root=root, model=recipe.model)
@@ -125,7 +127,7 @@ def _older(offered, active) -> bool:
 
 def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, *, max_bytes: int,
            trusted_keys: tuple, offline: bool, serving_env: Mapping[str, str], lock_timeout: float,
-           progress: bool, check_recipe) -> None:
+           progress: bool, check_recipe: Callable[[], None]) -> None:
     warnings = out["warnings"]
     unfit = compat.unfit_reasons(node)
     if unfit:  # no artifact fits this node: do not even look
@@ -187,6 +189,7 @@ def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, 
             stream.close()
             raise
         return stream
+
     result = restore.restore(art, open_blob, root,
                              archive_sha256=entry.blob.sha256, max_bytes=max_bytes, trusted_keys=trusted_keys,
                              signature=entry.signature, lock_timeout=lock_timeout, progress=progress)
