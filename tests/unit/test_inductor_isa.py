@@ -22,8 +22,10 @@ COMPILE = """
 import torch
 def f(x):
     return torch.relu(x.sin() * 2 + x.cos())
+torch.manual_seed(0)
 x = torch.randn(64)
-assert torch.allclose(torch.compile(f)(x), f(x))
+# a vectorized sin/cos differs from eager's by an ulp or two: near relu's 0 that is over the default atol
+assert torch.allclose(torch.compile(f)(x), f(x), atol=1e-6)
 """
 
 
