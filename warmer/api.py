@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 # What a node's fetch does not use (build, catalog, doctor, fleet, verify) is imported by the
-# function that needs it: 30 ms of every `warmer fetch` (BENCHMARKS.md, "Against the link").
+# function that needs it: about 20 ms of every `warmer fetch` (BENCHMARKS.md, "Against the link").
 from warmer import explain as _explain, fetch as _fetch, fingerprint as _fingerprint, flashinfer_jit
 from warmer import matrix as _matrix, restore as _restore, serving, signing
 from warmer.artifact import Artifact
