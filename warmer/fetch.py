@@ -86,13 +86,14 @@ def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int 
         raise
     out = {"recipe": recipe.name, "key": key, "root": str(root), "warnings": [], "env": env,
            "for_gpus": f"{gpus.describe()}, driver {gpus.driver}, from a saved fingerprint" if gpus else None}
-    checked: list[Recipe] = []
+    checked = False
 
     def check_recipe() -> None:
         """recipe.checked(), once; a RecipeError is the caller's usage error, whatever the store said."""
+        nonlocal checked
         if not checked:
-            checked.append(recipe.checked())
-            out["warnings"][:0] = checked[0].notes
+            out["warnings"][:0] = recipe.checked().notes
+            checked = True
 
     try:
         store = open_store(store_url, **(store_options or {})) if isinstance(store_url, str) else store_url

@@ -144,6 +144,18 @@ def test_fetch_refuses_every_recipe_that_parse_refuses(tmp_path, change):
     assert not root.exists()
 
 
+def test_a_recipe_checked_late_still_warns_once(tmp_path, monkeypatch):
+    # an engine arg newer than warmer's table is a note (warning) where another vLLM is installed:
+    # a fetch that checks the schema late reports it in its warnings, once, first
+    from warmer import recipe as recipe_module
+    from warmer.recipe import parse
+    monkeypatch.setattr(recipe_module, "_installed_vllm", lambda: "999.0.0")
+    doc = {**_GOOD, "engine": {"new_in_a_later_vllm": True}}
+    got = fetch.fetch(parse(doc, Path("r.toml"), schema_later=True), f"file://{tmp_path / 'store'}", tmp_path / "r")
+    notes = [w for w in got.warnings if "new_in_a_later_vllm" in w]
+    assert len(notes) == 1 and got.warnings[0] == notes[0] and got.status == "miss"
+
+
 def test_the_recipe_file_is_the_recipe(tmp_path):
     from warmer.recipe import load
     assert load(_recipe_file(tmp_path)).digest() == tiny_recipe().digest()
