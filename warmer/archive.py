@@ -15,6 +15,8 @@ and extracting. Leaf module: imports nothing from warmer but the error base and 
 from __future__ import annotations
 
 import hashlib
+import itertools
+import json
 import os
 import queue
 import re
@@ -24,7 +26,7 @@ import tarfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, NamedTuple
+from typing import BinaryIO, Callable, Iterable, Iterator, NamedTuple
 
 import zstandard
 
@@ -46,8 +48,7 @@ class ArchiveError(UntrustedInput):
     """The archive is unreadable, or does not match its manifest."""
 
 
-@dataclass(frozen=True, slots=True)
-class FileEntry:
+class FileEntry(NamedTuple):  # a tuple: an artifact's files are made again on every walk (FileList)
     path: str
     size: int
     sha256: str
@@ -59,29 +60,26 @@ class FileEntry:
                 "mode": self.mode, "mtime_ns": self.mtime_ns}
 
     @classmethod
-    def all_from_json(cls, f: Fields, key: str) -> tuple["FileEntry", ...]:
-        """The list at key: each entry whose fields are all as they should be is taken at once
-        (thousands of entries), any other goes through from_json, which names what is wrong."""
-        out = []
-        for i, d in enumerate(f.list(key)):
-            e = cls._well_formed(d)
-            out.append(e if e is not None else cls.from_json(Fields(d, f"{f.where}.{key}[{i}]")))
-        return tuple(out)
-
-    @classmethod
     def _well_formed(cls, d) -> "FileEntry | None":
+        """d as an entry when every field is as it should be, else None (from_json names what is wrong)."""
         if type(d) is not dict:
             return None
         path, sha, size, mode, mtime_ns = d.get("path"), d.get("sha256"), d.get("size"), d.get("mode"), d.get("mtime_ns")
         if (type(path) is str and type(sha) is str and type(size) is int and type(mode) is int
-                and type(mtime_ns) is int and len(path) <= 4096 and "\0" not in path and _HEX64.fullmatch(sha)
-                and 0 <= size <= MAX_INT and 0 <= mode <= 0o7777 and 0 <= mtime_ns <= MAX_INT):
-            try:
-                _safe_name(path)
-            except ArchiveError:
-                return None
+                and type(mtime_ns) is int and _HEX64.fullmatch(sha) and 0 <= size <= MAX_INT
+                and 0 <= mode <= 0o7777 and 0 <= mtime_ns <= MAX_INT and cls._well_formed_path(path)):
             return cls(path, size, sha, mode, mtime_ns)
         return None
+
+    @staticmethod
+    def _well_formed_path(path: str) -> bool:
+        if len(path) > 4096 or "\0" in path:
+            return False
+        try:
+            _safe_name(path)
+        except ArchiveError:
+            return False
+        return True
 
     @classmethod
     def from_json(cls, f: Fields) -> "FileEntry":
@@ -97,6 +95,180 @@ class FileEntry:
         # mtime_ns: what os.utime takes (a signed 64-bit count of nanoseconds, up to the year 2262).
         return cls(path, f.int("size", low=0, high=MAX_INT), sha, f.int("mode", low=0, high=0o7777),
                    f.int("mtime_ns", low=0, high=MAX_INT))
+
+
+# One entry of artifact.json's files as canonical() writes it: sorted keys, no spaces, ASCII.
+_ENTRY = re.compile(rb'\{"mode":(0|[1-9][0-9]{0,3}),"mtime_ns":(0|[1-9][0-9]{0,18}),'
+                    rb'"path":"([^"\\]*(?:\\.[^"\\]*)*)","sha256":"([0-9a-f]{64})","size":(0|[1-9][0-9]{0,18})\}(,?)')
+# The same, for a path of printable ASCII that _safe_name takes as it is (no escapes, no empty,
+# "." or ".." parts): nearly every entry, checked by this match alone.
+_SAFE_ENTRY = re.compile(rb'\{"mode":(0|[1-9][0-9]{0,3}),"mtime_ns":(0|[1-9][0-9]{0,18}),"path":"('
+                         rb'(?:(?!\.\.?/)[ !#-.0-\[\]-~\x7f]+/)*(?!\.\.?")[ !#-.0-\[\]-~\x7f]+'
+                         rb')","sha256":"[0-9a-f]{64}","size":(0|[1-9][0-9]{0,18})\}(,?)')
+_PATH_SIZE = re.compile(rb'"path":"([^"\\]*(?:\\.[^"\\]*)*)","sha256":"[^"]{64}","size":([0-9]+)')
+_PLAIN = re.compile(rb"[ !#-\[\]-~]*")  # printable ASCII but quote and backslash: the path, unescaped
+
+
+def _path_of(raw: bytes) -> str | None:
+    """A path as canonical() writes it, or None (an escape json.dumps would not have written)."""
+    if _PLAIN.fullmatch(raw):
+        return raw.decode("ascii")
+    try:
+        path = json.loads(b'"' + raw + b'"')
+    except ValueError:
+        return None
+    return path if json.dumps(path).encode() == b'"' + raw + b'"' else None
+
+
+class _NotCanonical(Exception):
+    pass
+
+
+class FileList:
+    """artifact.json's files, kept as the bytes of their list and parsed again each time they are
+    walked: an artifact then holds about 180 bytes a file (its JSON) instead of a kilobyte of
+    objects, and a fetch's memory does not grow with the number of files. A list in another form
+    than canonical() writes (a field a newer warmer added) is walked with json instead."""
+
+    __slots__ = ("_buf", "_start", "_end", "_canonical", "count", "total_bytes", "unsafe")
+
+    @staticmethod
+    def span_end(buf: bytes, start: int) -> int | None:
+        """Where the list that starts at buf[start] ("[") ends, if it is in canonical form; else None."""
+        if buf[start:start + 2] == b"[]":
+            return start + 2
+        at, match = start + 1, _ENTRY.match
+        while (m := match(buf, at)) is not None:
+            at = m.end()
+            if not m[6]:
+                return at + 1 if buf[at:at + 1] == b"]" else None
+        return None
+
+    @classmethod
+    def parse(cls, buf: bytes, start: int, end: int, where: str) -> "FileList":
+        """The JSON list at buf[start:end], every entry checked as extraction will use it:
+        InvalidDocument names the first bad field, or a path listed twice."""
+        self = cls.__new__(cls)
+        self._buf, self._start, self._end = buf, start, end
+        self.unsafe = None
+        try:
+            self._canonical = True
+            hashes = self._check_canonical(where)
+        except _NotCanonical:
+            self._canonical = False
+            hashes = []
+            self.count = self.total_bytes = 0
+            for e in self._walk(where):
+                self.count += 1
+                self.total_bytes += e.size
+                if e.mode & ~MODE_MASK and self.unsafe is None:
+                    self.unsafe = e
+                hashes.append(hash(e.path))
+        hashes.sort()  # a path listed twice, found with 8 bytes a file; a hash shared is then checked
+        if any(a == b for a, b in zip(hashes, hashes[1:])):
+            seen: set[str] = set()
+            for e in self:
+                if e.path in seen:
+                    raise InvalidDocument(f"{where} lists {e.path!r} twice")
+                seen.add(e.path)
+        return self
+
+    def _check_canonical(self, where: str) -> list[int]:
+        """parse, for a list in canonical form (else _NotCanonical): the hashes of its paths'
+        bytes (a path has one canonical form), the count, the bytes, the first unsafe mode."""
+        buf, end = self._buf, self._end
+        at, closed, count, total, hashes = self._start + 1, False, 0, 0, []
+        while at < end - 1:
+            if closed:
+                raise _NotCanonical
+            m = _SAFE_ENTRY.match(buf, at)
+            if (m is not None and len(m[3]) <= 4096 and (mode := int(m[1])) <= 0o7777
+                    and (len(m[2]) < 19 or int(m[2]) <= MAX_INT) and (len(m[4]) < 19 or int(m[4]) <= MAX_INT)):
+                raw, size, comma = m[3], int(m[4]), m[5]
+            else:  # an escape, an unsafe path or a field out of range: checked field by field
+                m = _ENTRY.match(buf, at)
+                if m is None or (path := _path_of(m[3])) is None:
+                    raise _NotCanonical
+                mode, mtime_ns, size = int(m[1]), int(m[2]), int(m[5])
+                if not (mode <= 0o7777 and mtime_ns <= MAX_INT and size <= MAX_INT and FileEntry._well_formed_path(path)):
+                    FileEntry.from_json(Fields({"path": path, "size": size, "sha256": m[4].decode(), "mode": mode,
+                                                "mtime_ns": mtime_ns}, f"{where}[{count}]"))  # raises, naming the field
+                raw, comma = m[3], m[6]
+            if mode & ~MODE_MASK and self.unsafe is None:
+                self.unsafe = next(self._walk_from(at))
+            at, closed = m.end(), not comma
+            count += 1
+            total += size
+            hashes.append(hash(raw))
+        if not (at == end - 1 and buf[at:end] == b"]" and (closed or count == 0)):
+            raise _NotCanonical
+        self.count, self.total_bytes = count, total
+        return hashes
+
+    def _walk(self, where: str | None = None):
+        """The entries; with where, each one checked (a list parse could not take as canonical)."""
+        if not self._canonical:
+            for i, d in enumerate(json.loads(self._buf[self._start:self._end])):
+                yield FileEntry._well_formed(d) or FileEntry.from_json(Fields(d, f"{where}[{i}]"))
+            return
+        yield from self._walk_from(self._start + 1)
+
+    def _walk_from(self, at: int):
+        for m in _ENTRY.finditer(self._buf, at, self._end):
+            mode, mtime_ns, path, sha, size, _ = m.groups()
+            yield FileEntry(path.decode() if b"\\" not in path else json.loads(b'"' + path + b'"'), int(size),
+                            sha.decode(), int(mode), int(mtime_ns))
+
+    def sizes(self) -> Iterator[tuple[str, int]]:
+        """(path, size) of each entry: what a no-op fetch checks, read faster than whole entries."""
+        if not self._canonical:
+            yield from ((e.path, e.size) for e in self)
+            return
+        buf, at, end = self._buf, self._start + 1, self._end - 1
+        while at < end:  # in chunks at entry bounds: "},{" + '"mode"' is never inside a canonical string
+            cut = buf.find(b'},{"mode":', at + (1 << 20), end)
+            cut = end if cut < 0 else cut + 1
+            for path, size in _PATH_SIZE.findall(buf, at, cut):
+                yield path.decode() if b"\\" not in path else json.loads(b'"' + path + b'"'), int(size)
+            at = cut + 1
+
+    def any_under(self, prefix: str) -> bool:
+        """Whether a path starts with prefix: a search of the bytes, not a walk, in canonical form."""
+        if not self._canonical:
+            return any(e.path.startswith(prefix) for e in self)
+        return self._buf.find(b'"path":"' + json.dumps(prefix)[1:-1].encode(), self._start, self._end) >= 0
+
+    @classmethod
+    def of(cls, entries: Iterable[FileEntry]) -> "FileList":
+        """entries as artifact.json lists them."""
+        buf = cls.json_of(entries)
+        return cls.parse(buf, 0, len(buf), "files")
+
+    @staticmethod
+    def json_of(entries: Iterable[FileEntry]) -> bytes:
+        """entries as canonical() writes them, a thousand at a time: not a dict per file at once."""
+        out, it = [], iter(entries)
+        while chunk := [e.to_dict() for e in itertools.islice(it, 1000)]:
+            out.append(json.dumps(chunk, sort_keys=True, separators=(",", ":"))[1:-1].encode())
+        return b"[" + b",".join(out) + b"]"
+
+    def __iter__(self):
+        return self._walk()
+
+    def __len__(self) -> int:
+        return self.count
+
+    def by_path(self) -> dict[str, FileEntry]:
+        return {e.path: e for e in self}
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, FileList)
+                and memoryview(self._buf)[self._start:self._end] == memoryview(other._buf)[other._start:other._end])
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"FileList({self.count} files, {self.total_bytes} bytes)"
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -272,19 +444,24 @@ def read_manifest(raw: BinaryIO) -> bytes:
     stream = _Inflated(zstandard.ZstdDecompressor().stream_reader(raw, read_size=64 << 10, read_across_frames=True),
                        MANIFEST_LIMIT)
     try:
-        return _manifest(stream)
+        return b"".join(_manifest(stream))
     except (zstandard.ZstdError, EOFError, UnicodeError) as e:
         raise ArchiveError(f"unreadable archive: {e}") from e
 
 
-def _manifest(stream: "_Inflated") -> bytes:
-    """The first member, which must be artifact.json."""
+def _manifest(stream: "_Inflated") -> Iterator[memoryview]:
+    """The first member, which must be artifact.json, in the pieces it comes in: a reader that
+    knows what to expect compares them and holds none (8 MiB at 45,000 files)."""
     first = stream.header()
     if first is None or first.name != MANIFEST_MEMBER or first.type not in _REGULAR:
         raise ArchiveError(f"the first member is not {MANIFEST_MEMBER}; was it made by warmer pack?")
-    manifest = stream.exact(first.size)
+    stream.claim(first.size)
+    left = first.size
+    while left:
+        p = stream.piece(left)
+        left -= len(p)
+        yield p
     stream.exact(-first.size % BLOCK)
-    return manifest
 
 
 def _safe_name(name: str) -> str:
@@ -633,20 +810,24 @@ class _Checker:
         pass
 
 
-def check(raw: BinaryIO, manifest_entries: Callable[[bytes], dict[str, FileEntry]],
+def check(raw: BinaryIO, manifest_entries: Callable[[Iterator[memoryview]], FileList],
           max_total_bytes: int) -> Extracted:
     """Read a whole archive as extract() does, every member checked, and write nothing."""
     return extract(raw, None, manifest_entries, max_total_bytes)
 
 
-def extract(raw: BinaryIO, dest: Path | None, manifest_entries: Callable[[bytes], dict[str, FileEntry]],
+def extract(raw: BinaryIO, dest: Path | None, manifest_entries: Callable[[Iterator[memoryview]], FileList],
             max_total_bytes: int, on_file: Callable[[int], None] | None = None) -> Extracted:
     """Unpack into dest (a new, empty directory), refusing anything the manifest does not list.
 
-    manifest_entries turns the embedded artifact.json into the expected files (and may refuse
-    it). Each file is written as it streams by, hashed, and compared with the manifest; a
+    manifest_entries turns the embedded artifact.json, in pieces, into the expected files (and
+    may refuse it). Each file is written as it streams by, hashed, and compared with the manifest; a
     mismatch raises and leaves dest for the caller to discard. Returns only once every file is
     written and checked. With dest None, nothing is written (check()).
+
+    Members come in the manifest's order (pack writes them so): each is checked against the
+    next entry, and no table of the files is built. An archive in another order is checked
+    against one.
     """
     # A store's stream (warmer.store.stream) hashes the blob as it arrives, off this thread: once is enough.
     hashing = raw if getattr(raw, "hashes_itself", False) else _HashingReader(raw)
@@ -654,19 +835,22 @@ def extract(raw: BinaryIO, dest: Path | None, manifest_entries: Callable[[bytes]
                        MANIFEST_LIMIT)
     writer = None
     try:
-        expected = manifest_entries(_manifest(stream))  # its bytes are not kept (8 MiB at 45,000 files)
-        total_expected = sum(e.size for e in expected.values())
-        if total_expected > max_total_bytes:
-            raise ArchiveError(f"the artifact unpacks to {total_expected} bytes, over the limit of "
+        manifest = _manifest(stream)
+        expected = manifest_entries(manifest)
+        for _ in manifest:  # to the first file, whatever manifest_entries read
+            pass
+        if expected.total_bytes > max_total_bytes:
+            raise ArchiveError(f"the artifact unpacks to {expected.total_bytes} bytes, over the limit of "
                                f"{max_total_bytes}; raise --max-bytes if this is expected")
         # Headers and padding take at most a few blocks per member beyond the files' bytes.
-        stream.limit = stream.total + total_expected + (len(expected) + 4) * 8 * BLOCK
-        unsafe = [e.path for e in expected.values() if e.mode & ~MODE_MASK]
-        if unsafe:
-            raise ArchiveError(f"{MANIFEST_MEMBER} gives {unsafe[0]!r} mode {expected[unsafe[0]].mode:o}: "
+        stream.limit = stream.total + expected.total_bytes + (len(expected) + 4) * 8 * BLOCK
+        if expected.unsafe:
+            raise ArchiveError(f"{MANIFEST_MEMBER} gives {expected.unsafe.path!r} mode {expected.unsafe.mode:o}: "
                                "setuid, setgid, sticky and group/world-writable modes are refused")
+        listed = iter(expected)
+        by_path: dict[str, FileEntry] | None = None  # once a member is out of the manifest's order
         seen: set[str] = set()
-        written = 0
+        count = written = 0
         writer = _Writer(dest, WRITERS) if dest is not None else _Checker()
         while (member := stream.header()) is not None:
             name = _safe_name(member.name)
@@ -675,14 +859,20 @@ def extract(raw: BinaryIO, dest: Path | None, manifest_entries: Callable[[bytes]
                                    "only regular files are allowed")
             if member.mode & 0o7000:
                 raise ArchiveError(f"member {name!r}: setuid/setgid/sticky mode {member.mode:o} refused")
-            if name in seen:
-                raise ArchiveError(f"member {name!r}: appears twice")
-            entry = expected.get(name)
-            if entry is None:
-                raise ArchiveError(f"member {name!r}: not listed in {MANIFEST_MEMBER}")
+            entry = next(listed, None) if by_path is None else None
+            if entry is None or entry.path != name:
+                if by_path is None:
+                    by_path = expected.by_path()
+                    seen = set(itertools.islice(by_path, count))  # the ones taken in order so far
+                if name in seen:
+                    raise ArchiveError(f"member {name!r}: appears twice")
+                entry = by_path.get(name)
+                if entry is None:
+                    raise ArchiveError(f"member {name!r}: not listed in {MANIFEST_MEMBER}")
+                seen.add(entry.path)  # the manifest's own string: the header's is not kept
             if member.size != entry.size:
                 raise ArchiveError(f"member {name!r}: {member.size} bytes, {MANIFEST_MEMBER} says {entry.size}")
-            seen.add(entry.path)  # the manifest's own string: the header's is not kept
+            count += 1
             mode = entry.mode & MODE_MASK
             left = entry.size
             stream.claim(left)
@@ -712,8 +902,8 @@ def extract(raw: BinaryIO, dest: Path | None, manifest_entries: Callable[[bytes]
     finally:
         if writer is not None and writer.threads:
             writer.close(ok=False)
-    missing = sorted(set(expected) - seen)
-    if missing:
-        raise ArchiveError(f"{len(missing)} file(s) listed in {MANIFEST_MEMBER} are missing from the "
-                           f"archive, first {missing[0]!r}; the artifact is truncated")
-    return Extracted(len(seen), written, hashing.sha256.hexdigest(), hashing.bytes)
+    if count < len(expected):
+        first = next(listed).path if by_path is None else min(set(by_path) - seen)
+        raise ArchiveError(f"{len(expected) - count} file(s) listed in {MANIFEST_MEMBER} are missing from the "
+                           f"archive, first {first!r}; the artifact is truncated")
+    return Extracted(count, written, hashing.sha256.hexdigest(), hashing.bytes)

@@ -92,7 +92,7 @@ def check_artifact_file(path: Path) -> tuple[Artifact, str]:
     art = restore.read_artifact_file(path)
     try:
         with open(path, "rb") as f:
-            got = archive.check(f, lambda manifest: art.entries(), restore.DEFAULT_MAX_BYTES)
+            got = archive.check(f, lambda manifest: art.files, restore.DEFAULT_MAX_BYTES)
     except archive.ArchiveError as e:
         raise BuildError(f"not publishing {path}: {e}") from e
     return art, got.archive_sha256

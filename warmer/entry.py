@@ -17,10 +17,10 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from warmer import signing
-from warmer.artifact import Artifact, ArtifactError, canonical
+from warmer import artifact, signing
+from warmer.artifact import Artifact, ArtifactError
 from warmer.store import HEX64, MAX_INDEX_BYTES
-from warmer.untrusted import Fields, InvalidDocument, load_json
+from warmer.untrusted import Fields, InvalidDocument
 
 SCHEMA_VERSION = 1
 
@@ -56,10 +56,12 @@ class IndexEntry:
 
     def to_bytes(self) -> bytes:
         doc = {"schema": SCHEMA_VERSION, "recipe": self.recipe, "key": self.key,
-               "blob": {"sha256": self.blob.sha256, "size": self.blob.size}, "artifact": self.artifact.to_json(),
+               "blob": {"sha256": self.blob.sha256, "size": self.blob.size}, "artifact": None,
                "signature": self.signature.to_json() if self.signature else None,
                "published_at": self.published_at.isoformat(timespec="seconds")}
-        return json.dumps(doc, separators=(",", ":")).encode()
+        # artifact.json goes in as its canonical bytes, so that read() finds its files list as written
+        head, tail = json.dumps(doc, separators=(",", ":")).encode().split(b'"artifact":null', 1)
+        return b"".join((head, b'"artifact":', self.artifact.canonical.rstrip(b"\n"), tail))
 
     @classmethod
     def read(cls, data: bytes, recipe: str, key: str, trusted_keys=()) -> "IndexEntry":
@@ -67,7 +69,7 @@ class IndexEntry:
 
         With trusted_keys, the signature is checked over artifact.json's bytes first."""
         where = f"index entry {recipe}/{key[:16]}"
-        doc = load_json(data, what=where, max_bytes=MAX_INDEX_BYTES)
+        doc, files = artifact.load(data, where, MAX_INDEX_BYTES, inside=("artifact",))
         f = Fields(doc, where)
         schema = f.int("schema") if f.has("schema") else None
         if schema != SCHEMA_VERSION:
@@ -75,9 +77,10 @@ class IndexEntry:
                              "another warmer version; fetch with that version or rebuild with this one")
         art_doc = f.obj("artifact").doc
         signature = signing.Signature.from_json(f.raw("signature"), f"{where}.signature")
-        signed_by = signing.verify(canonical(art_doc), signature, list(trusted_keys)) if trusted_keys else None
+        signed_by = (signing.verify(artifact.canonical_of(art_doc, files), signature, list(trusted_keys))
+                     if trusted_keys else None)
         try:
-            art = Artifact.from_json(art_doc, f"{where}.artifact")
+            art = Artifact.from_json(art_doc, files, f"{where}.artifact")
         except ArtifactError as e:
             raise EntryError(str(e)) from None
         found = (f.str("recipe", max_len=100), f.str("key", max_len=64), art.recipe.name, art.key)

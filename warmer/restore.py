@@ -16,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -28,9 +27,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import BinaryIO, Callable, ContextManager
+from typing import BinaryIO, Callable, ContextManager, Iterator
 
-from warmer import archive, components, signing
+from warmer import archive, artifact, components, signing
 from warmer.artifact import Artifact, ArtifactError
 from warmer.atomic import write_bytes
 from warmer.store import BlobCorrupt, BlobStream, StoreError
@@ -80,8 +79,9 @@ class Marker:
             f = Fields(load_json(data[:-sum(map(len, tail))] + b"}", what=where, max_bytes=MAX_MARKER_BYTES), where)
             art = expect
         else:
-            f = Fields(load_json(data, what=where, max_bytes=MAX_MARKER_BYTES), where)
-            art = Artifact.from_json(f.obj("artifact").doc, f"{where}.artifact")
+            doc, files = artifact.load(data, where, MAX_MARKER_BYTES, inside=("artifact",))
+            f = Fields(doc, where)
+            art = Artifact.from_json(f.obj("artifact").doc, files, f"{where}.artifact")
         if f.str("artifact_id", max_len=64) != art.id:
             raise InvalidDocument(f"{where}: its artifact_id does not match its artifact.json")
         return cls(art, f.str("archive_sha256", max_len=64), f.str("restored_at", max_len=64),
@@ -143,13 +143,13 @@ def still_intact(marker: Marker, root: Path, trusted_keys=()) -> str | None:
         except signing.SignatureError as e:
             return f"its marker's artifact.json is not signed by a trusted key ({e})"
     base = str(root)
-    for e in marker.artifact.files:
+    for path, size in marker.artifact.files.sizes():
         try:
-            st = os.lstat(os.path.join(base, e.path))  # not pathlib: 10,000 of them
+            st = os.lstat(os.path.join(base, path))  # not pathlib: 10,000 of them
         except OSError:
-            return f"{e.path} is missing"
-        if not stat.S_ISREG(st.st_mode) or st.st_size != e.size:
-            return f"{e.path} is not the file artifact.json lists (size or kind differs)"
+            return f"{path} is missing"
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            return f"{path} is not the file artifact.json lists (size or kind differs)"
     return None
 
 
@@ -404,21 +404,13 @@ def _extract(art: Artifact, open_archive, staging: Path, archive_sha256: str | N
     sha256, zstd, the blob's digest at the end) are either what the store holds (the artifact is
     bad: refused at once) or were damaged on the way (read again into a fresh staging dir, as
     many times as the store allows): drain() finishes the download to tell which."""
-    def expected(manifest: bytes) -> dict:
-        # Bytes that hash to art's id are art, written canonically: no need to parse 12k file
-        # entries (0.1 s) to see it; anything else gets the full check.
-        if hashlib.sha256(manifest).hexdigest() != art.id and Artifact.from_bytes(manifest).id != art.id:
-            raise archive.ArchiveError("the archive's artifact.json is not the one this restore "
-                                       "was asked for (the store's index and blob disagree)")
-        return art.entries()
-
     attempt = 0
     while True:
         attempt += 1
         with open_archive() as stream:
             streamed = isinstance(stream, BlobStream)
             try:
-                got = archive.extract(stream, staging, expected, max_bytes, on_file=bar)
+                got = archive.extract(stream, staging, lambda manifest: _files_of(art, manifest), max_bytes, on_file=bar)
                 break
             except BlobCorrupt:
                 if not streamed or not stream.checked:
@@ -441,6 +433,24 @@ def _extract(art: Artifact, open_archive, staging: Path, archive_sha256: str | N
     for c in components.ALL:  # e.g. TMPDIR must exist, or it is silently replaced by /tmp
         (staging / c.subdir).mkdir(exist_ok=True)
     return got
+
+
+def _files_of(art: Artifact, manifest: Iterator[memoryview]) -> archive.FileList:
+    """art's files, once the archive's artifact.json (in pieces) is found to be art. Its canonical
+    bytes are compared as they stream by, and nothing is parsed or held; another byte form of
+    the same artifact.json is parsed."""
+    canon, at = memoryview(art.canonical), 0
+    for piece in manifest:
+        if canon[at:at + len(piece)] != piece:
+            rest = b"".join((canon[:at], piece, *manifest))
+            break
+        at += len(piece)
+    else:
+        rest = None if at == len(canon) else canon[:at].tobytes()
+    if rest is not None and Artifact.from_bytes(rest).id != art.id:
+        raise archive.ArchiveError("the archive's artifact.json is not the one this restore "
+                                   "was asked for (the store's index and blob disagree)")
+    return art.files
 
 
 def read_artifact_file(path: Path) -> Artifact:

@@ -23,11 +23,11 @@ from warmer.recipe import Recipe
 from warmer.vllmkey import FactorDifference
 
 
-def vllm_env(recipe: Recipe, root: Path, *, files: list[str] | None = None, offline: bool = False,
+def vllm_env(recipe: Recipe, root: Path, *, files=None, offline: bool = False,
              added: Mapping[str, str] | None = None) -> EnvFile:
     """The variables warmer sets for vLLM: caches under root, then the recipe's env.
 
-    files: the artifact's file list, when one is restored (cubins it holds are pointed at);
+    files: the artifact's FileList, when one is restored (cubins it holds are pointed at);
     offline: forbid FlashInfer downloads (a cubin the warm-up never fetched is then an error
     at serve time, not a download: only for nodes without network); added: what the build
     added to the recipe's env (Artifact.serve_env)."""
@@ -36,7 +36,7 @@ def vllm_env(recipe: Recipe, root: Path, *, files: list[str] | None = None, offl
     # would follow it: under a long root their paths overflow the 107-byte limit of a Unix
     # socket. VLLM_RPC_BASE_PATH moves them back and is outside vLLM's compile key.
     env["VLLM_RPC_BASE_PATH"] = "/tmp"
-    if files:
+    if files is not None:
         env.update(flashinfer.artifact_env(files, root))
     if offline or recipe.offline:
         env["FLASHINFER_NO_DOWNLOAD"] = "1"
@@ -47,7 +47,7 @@ def vllm_env(recipe: Recipe, root: Path, *, files: list[str] | None = None, offl
 
 def artifact_env(recipe: Recipe, root: Path, art, *, offline: bool = False) -> EnvFile:
     """vllm_env for an artifact restored in root (warmer.artifact.Artifact)."""
-    return vllm_env(recipe, root, files=[f.path for f in art.files], offline=offline, added=art.serve_env)
+    return vllm_env(recipe, root, files=art.files, offline=offline, added=art.serve_env)
 
 
 def environ_for_vllm(recipe: Recipe, root: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:

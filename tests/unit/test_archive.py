@@ -8,7 +8,7 @@ import pytest
 import zstandard
 
 from warmer import archive
-from warmer.archive import ArchiveError, FileEntry
+from warmer.archive import ArchiveError, FileEntry, FileList
 
 
 def _pack(root, rels, manifest_extra=None):
@@ -22,7 +22,7 @@ def _pack(root, rels, manifest_extra=None):
 
 
 def _expect(entries):
-    return lambda manifest: {e.path: e for e in entries}
+    return lambda manifest: FileList.of(entries)
 
 
 def test_round_trip_keeps_bytes_modes_and_mtimes(cache_tree, tmp_path):
@@ -134,7 +134,7 @@ def test_paths_outside_the_root_are_refused(tmp_path, name):
     dest = tmp_path / "d"
     dest.mkdir()
     with pytest.raises(ArchiveError, match="refused"):
-        archive.extract(io.BytesIO(data), dest, lambda m: {name: FileEntry(name, 1, "0" * 64, 0o644, 0)}, 1 << 30)
+        archive.extract(io.BytesIO(data), dest, lambda m: FileList.of([]), 1 << 30)
     assert not (tmp_path / "escape.so").exists()
 
 
@@ -147,7 +147,7 @@ def test_links_are_refused(tmp_path):
     data = _hostile(tmp_path, build)
     with pytest.raises(ArchiveError, match="only regular files"):
         archive.extract(io.BytesIO(data), tmp_path,
-                        lambda m: {"inductor/link": FileEntry("inductor/link", 0, "0" * 64, 0o644, 0)}, 1 << 30)
+                        lambda m: FileList.of([FileEntry("inductor/link", 0, "0" * 64, 0o644, 0)]), 1 << 30)
 
 
 def test_not_a_warmer_archive(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 import zstandard
 
 from warmer import archive
-from warmer.archive import ArchiveError, FileEntry
+from warmer.archive import ArchiveError, FileEntry, FileList
 
 
 @pytest.mark.parametrize("name", ["a", "inductor/ab/c" + "x" * 50 + ".py", "x" * 100, "y" * 101, "ü/a.so",
@@ -52,7 +52,7 @@ def _archive(root, rels):
 def test_round_trip_of_long_names_big_files_and_many_small_ones(tmp_path):
     files = _tree(tmp_path / "src")
     data, entries = _archive(tmp_path / "src", sorted(files))
-    got = archive.extract(io.BytesIO(data), tmp_path / "dst", lambda m: {e.path: e for e in entries}, 1 << 30)
+    got = archive.extract(io.BytesIO(data), tmp_path / "dst", lambda m: FileList.of(entries), 1 << 30)
     assert got.files == len(files) and got.archive_sha256 == hashlib.sha256(data).hexdigest()
     for rel, content in files.items():
         assert (tmp_path / "dst" / rel).read_bytes() == content
@@ -81,7 +81,7 @@ def test_headers_warmer_never_writes_are_refused(tmp_path, case, message):
     body = head + b"x" + bytes(tarfile.BLOCKSIZE - 1) + bytes(2 * tarfile.BLOCKSIZE)
     data = archive.manifest_frame(b"{}") + zstandard.ZstdCompressor().compress(body)
     with pytest.raises(ArchiveError, match=message):
-        archive.extract(io.BytesIO(data), tmp_path / "dst", lambda m: {name: entry}, 1 << 30)
+        archive.extract(io.BytesIO(data), tmp_path / "dst", lambda m: FileList.of([entry]), 1 << 30)
 
 
 def test_a_write_error_in_a_writer_thread_reaches_the_caller(tmp_path):
@@ -91,7 +91,7 @@ def test_a_write_error_in_a_writer_thread_reaches_the_caller(tmp_path):
     (tmp_path / "dst").mkdir()
     (tmp_path / "dst" / "inductor").write_bytes(b"in the way")
     with pytest.raises(OSError):
-        archive.extract(io.BytesIO(data), tmp_path / "dst", lambda m: {e.path: e for e in entries}, 1 << 30)
+        archive.extract(io.BytesIO(data), tmp_path / "dst", lambda m: FileList.of(entries), 1 << 30)
 
 
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
@@ -124,7 +124,7 @@ def test_a_corrupt_byte_in_a_big_file_is_refused(tmp_path):
     raw[at] ^= 0xFF
     data = archive.manifest_frame(b"{}") + zstandard.ZstdCompressor().compress(bytes(raw))
     with pytest.raises(ArchiveError, match="big.so.*sha256 differs"):
-        archive.extract(io.BytesIO(data), tmp_path / "dst", lambda m: {e.path: e for e in entries}, 1 << 30)
+        archive.extract(io.BytesIO(data), tmp_path / "dst", lambda m: FileList.of(entries), 1 << 30)
 
 
 def test_assemble_copies_the_body_in_the_kernel_or_through_a_buffer_alike(tmp_path, monkeypatch):

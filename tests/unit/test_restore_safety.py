@@ -27,7 +27,7 @@ def assert_complete(root: Path) -> str:
     """root holds exactly one artifact's files, each matching its manifest; returns its name."""
     marker = restore.active(root)
     assert marker, f"{root} has no active artifact"
-    entries = marker.artifact.entries()
+    entries = marker.artifact.files.by_path()
     on_disk = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()} - {restore.MARKER}
     assert on_disk == set(entries), on_disk ^ set(entries)
     for rel, e in entries.items():

@@ -27,6 +27,8 @@ COMPONENT = Component(
               ("FLASHINFER_AUTOTUNE_CACHE_DIR", "{fi_base}/.cache/flashinfer/autotune")),
 )
 
+CUBINS = f"{COMPONENT.subdir}/{CACHE}/cubins/"  # what FlashInfer downloaded, root-relative
+
 B12X = Component(
     name="b12x",
     subdir="b12x",
@@ -49,10 +51,10 @@ def modules(root: Path) -> list[Path]:
     return sorted(p.parent for p in (root / COMPONENT.subdir / CACHE).glob("*/*/cached_ops/*/build.ninja"))
 
 
-def artifact_env(files: list[str], root: Path) -> dict[str, str]:
-    """Serve env that depends on what an artifact holds: when its warm-up downloaded cubins, point
-    FlashInfer at them (flashinfer/jit/env.py: FLASHINFER_CUBIN_DIR wins over the default)."""
-    cubins = f"{COMPONENT.subdir}/{CACHE}/cubins/"
-    if any(f.startswith(cubins) for f in files):
-        return {"FLASHINFER_CUBIN_DIR": str(root / cubins.rstrip("/"))}
+def artifact_env(files, root: Path) -> dict[str, str]:
+    """Serve env that depends on what an artifact holds (files: its warmer.archive.FileList):
+    when its warm-up downloaded cubins, point FlashInfer at them (flashinfer/jit/env.py:
+    FLASHINFER_CUBIN_DIR wins over the default)."""
+    if files.any_under(CUBINS):
+        return {"FLASHINFER_CUBIN_DIR": str(root / CUBINS.rstrip("/"))}
     return {}

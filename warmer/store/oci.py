@@ -154,6 +154,10 @@ def canonical(doc: dict) -> bytes:
     return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
+def _dropped(pairs) -> None:
+    return None
+
+
 def index_tag(recipe: str, key: str) -> str:
     tag = f"{recipe}--{key[:16]}"
     if not TAG.match(tag):  # unreachable while recipe names follow NAME; see the module's doc
@@ -942,17 +946,22 @@ class OCIStore(Store):
                     or not isinstance(size, int):
                 raise ValueError("its layer is not a warmer cache")
             entry = {"schema": json.loads(ann.get(ANN_SCHEMA, "1")), "recipe": ann[ANN_RECIPE], "key": ann[ANN_KEY],
-                     "blob": {"sha256": digest[len("sha256:"):], "size": size}, "artifact": json.loads(config),
+                     "blob": {"sha256": digest[len("sha256:"):], "size": size},
                      "signature": json.loads(ann[ANN_SIGNATURE]) if ANN_SIGNATURE in ann else None,
                      "published_at": ann[ANN_CREATED]}
             extra = json.loads(ann[ANN_EXTRA]) if ANN_EXTRA in ann else {}
             if not isinstance(extra, dict):
                 raise ValueError("its extra fields are not an object")
-            entry.update({k: v for k, v in extra.items() if k not in entry})
+            entry.update({k: v for k, v in extra.items() if k not in entry and k != "artifact"})
+            # One JSON object, checked as such without building it (every object is dropped as it
+            # is read): the entry takes config's bytes as they are, and the node's reader of
+            # entries finds artifact.json's files list as written (warmer.artifact.load).
+            if not config.lstrip().startswith(b"{") or json.loads(config, object_pairs_hook=_dropped) is not None:
+                raise ValueError("its config is not a JSON object")
         except (ValueError, KeyError, TypeError) as e:
             raise StoreError(f"{what} in {self.url} is unreadable ({e}): remove it, or publish again "
                              "under a new key") from None
-        return json.dumps(entry, separators=(",", ":")).encode()
+        return b"".join((b'{"artifact":', config.strip(), b",", json.dumps(entry, separators=(",", ":")).encode()[1:]))
 
     def _tags(self) -> list[str]:
         """Every tag of the repository, following the Link header page by page."""
