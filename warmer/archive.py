@@ -138,7 +138,7 @@ class FileList:
         if buf[start:start + 2] == b"[]":
             return start + 2
         at, match = start + 1, _ENTRY.match
-        while (m := match(buf, at)) is not None:
+        while (m := match(buf, at)) is not None and (b"\\" not in m[3] or _path_of(m[3]) is not None):
             at = m.end()
             if not m[6]:
                 return at + 1 if buf[at:at + 1] == b"]" else None

@@ -117,6 +117,9 @@ def test_the_parse_reads_what_json_reads_whatever_the_entry_holds():
     assert IndexEntry.read(twice, "tiny", "a" * 64).artifact == art
     listed_last = data.replace(b',"fingerprint":', b',"files":' + decoy_json + b',"fingerprint":', 1)
     assert [e.path for e in IndexEntry.read(listed_last, "tiny", "a" * 64).artifact.files] == ["inductor/decoy"]
+    # an escape json.dumps does not write: parsed whole, and artifact.json is its canonical bytes again
+    escaped = IndexEntry.read(data.replace(b'"path":"inductor/00', b'"path":"\\u0069nductor/00', 1), "tiny", "a" * 64)
+    assert escaped.artifact == art and escaped.artifact.canonical == art.canonical
     # a files list inside the recipe's identity, ahead of the artifact's own
     nested = _artifact(real, files=[e._asdict() for e in decoy])
     doc = json.loads(IndexEntry.new(nested, BlobRef("b" * 64, 1), None).to_bytes())
@@ -182,3 +185,21 @@ def test_a_restore_compares_the_archives_artifact_json_without_holding_it(packed
 def _files_of(art, manifest: bytes):
     """restore's check of an archive's artifact.json, fed it in pieces of 1000 bytes."""
     return restore._files_of(art, iter([memoryview(manifest)[i:i + 1000] for i in range(0, len(manifest), 1000)]))
+
+
+def test_an_oci_config_enters_the_entry_as_its_bytes_only_when_it_is_one_object():
+    """An OCI store's entry carries the config blob (artifact.json) as its bytes, so that the
+    node's reader finds the files list unparsed; bytes that are not one JSON object (one that
+    would add fields to the entry, say) are refused, never spliced in."""
+    from warmer.store import StoreError
+    from warmer.store.oci import ANN_CREATED, ANN_KEY, ANN_RECIPE, LAYER_TYPE, OCIStore
+    art = _artifact(_entries(5))
+    store = OCIStore("oci://127.0.0.1:1/warmer")
+    manifest = {"annotations": {ANN_RECIPE: "tiny", ANN_KEY: "a" * 64, ANN_CREATED: "2026-12-03T00:00:00+00:00"},
+                "layers": [{"mediaType": LAYER_TYPE, "digest": "sha256:" + "b" * 64, "size": 1}]}
+    data = store._entry(manifest, art.canonical, "entry")
+    assert art.canonical.rstrip(b"\n") in data
+    assert IndexEntry.read(data, "tiny", "a" * 64).artifact == art
+    for bad in (b'{"a":1},"recipe":"other"', b"[1]", b'"x"', b"{", art.canonical + b"{}"):
+        with pytest.raises(StoreError, match="unreadable"):
+            store._entry(manifest, bad, "entry")
