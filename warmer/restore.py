@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -31,7 +32,7 @@ from typing import BinaryIO, Callable, ContextManager, Iterator
 
 from warmer import archive, artifact, components, signing
 from warmer.artifact import Artifact, ArtifactError
-from warmer.atomic import write_bytes
+from warmer.atomic import atomic_write
 from warmer.store import BlobCorrupt, BlobStream, StoreError
 from warmer.store.progress import Progress
 from warmer.errors import WarmerError
@@ -63,20 +64,27 @@ class Marker:
     signature: signing.Signature | None
 
     def to_bytes(self) -> bytes:
-        # artifact.json is spliced in as its canonical bytes: the marker's id check needs them exact.
-        head = (f'{{"artifact_id":"{self.artifact.id}","key":"{self.artifact.key}",'
-                f'"recipe":"{self.artifact.recipe.name}","archive_sha256":"{self.archive_sha256}",'
-                f'"restored_at":"{self.restored_at}",').encode()
-        sig = self.signature.to_json() if self.signature else None
-        return b"".join((head, b'"signature":', json.dumps(sig).encode(), *_artifact_tail(self.artifact)))
+        return b"".join(self.pieces())
+
+    def pieces(self) -> Iterator[bytes]:
+        """The marker's bytes, artifact.json spliced in as its canonical bytes (the marker's id
+        check needs them exact), in pieces: written without being made whole."""
+        yield (f'{{"artifact_id":"{self.artifact.id}","key":"{self.artifact.key}",'
+               f'"recipe":"{self.artifact.recipe.name}","archive_sha256":"{self.archive_sha256}",'
+               f'"restored_at":"{self.restored_at}",').encode()
+        yield b'"signature":' + json.dumps(self.signature.to_json() if self.signature else None).encode()
+        head, tail = self.artifact.around_files
+        yield _ARTIFACT_KEY + head
+        yield from self.artifact.files.pieces()
+        yield tail.removesuffix(b"\n") + b"}"  # canonical() ends with a newline, not a marker's copy
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str, expect: Artifact | None = None) -> "Marker":
         """expect: the artifact the caller hopes is active. A marker that ends with its canonical
         bytes holds it: only the marker's head is parsed (a no-op fetch skips re-reading 10,000 entries)."""
-        tail = _artifact_tail(expect) if expect is not None else None
-        if tail is not None and len(data) <= MAX_MARKER_BYTES and _ends_with(data, tail):
-            f = Fields(load_json(data[:-sum(map(len, tail))] + b"}", what=where, max_bytes=MAX_MARKER_BYTES), where)
+        at = _ends_with_artifact(data, expect) if expect is not None and len(data) <= MAX_MARKER_BYTES else None
+        if at is not None:
+            f = Fields(load_json(data[:at] + b"}", what=where, max_bytes=MAX_MARKER_BYTES), where)
             art = expect
         else:
             doc, files = artifact.load(data, where, MAX_MARKER_BYTES, inside=("artifact",))
@@ -88,23 +96,19 @@ class Marker:
                    signing.Signature.from_json(f.raw("signature"), f"{where}.signature"))
 
 
-def _artifact_tail(art: Artifact) -> tuple[bytes, memoryview, bytes]:
-    """How a marker ends: artifact.json spliced in as its canonical bytes, in pieces, so that
-    neither writing nor matching it copies them (8 MiB at 45,000 files)."""
-    c = art.canonical
-    return b',"artifact":', memoryview(c)[:len(c) - c.endswith(b"\n")], b"}"
+_ARTIFACT_KEY = b',"artifact":'
 
 
-def _ends_with(data: bytes, pieces) -> bool:
-    at = len(data) - sum(map(len, pieces))
-    if at < 0:
-        return False
-    view = memoryview(data)
-    for piece in pieces:
-        if view[at:at + len(piece)] != piece:
-            return False
-        at += len(piece)
-    return True
+def _ends_with_artifact(data: bytes, art: Artifact) -> int | None:
+    """Where the marker's head ends, if data ends with art's canonical bytes as pieces() writes
+    them: found from their sha256 (art.id), so that art's bytes are never made whole."""
+    size = art.canonical_size - 1  # canonical() ends with a newline, the marker's copy does not
+    at = len(data) - 1 - size - len(_ARTIFACT_KEY)
+    if at < 0 or not data.endswith(b"}") or data[at:at + len(_ARTIFACT_KEY)] != _ARTIFACT_KEY:
+        return None
+    digest = hashlib.sha256(memoryview(data)[len(data) - 1 - size:-1])
+    digest.update(b"\n")
+    return at if digest.hexdigest() == art.id else None
 
 
 def active(root: Path, expect: Artifact | None = None) -> Marker | None:
@@ -380,9 +384,10 @@ def restore(art: Artifact, open_archive: Callable[[], ContextManager[BinaryIO]],
                 finally:
                     if bar:
                         bar.close()
-                write_bytes(staging / MARKER, Marker(art, got.archive_sha256,
-                                                     datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                                                     signature).to_bytes())
+                done = Marker(art, got.archive_sha256, datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                signature)
+                with atomic_write(staging / MARKER) as f:
+                    f.writelines(done.pieces())
                 _activate(staging, root)
             finally:
                 # After a swap this holds the previous root; after a failure, the partial extraction.
@@ -437,20 +442,41 @@ def _extract(art: Artifact, open_archive, staging: Path, archive_sha256: str | N
 
 def _files_of(art: Artifact, manifest: Iterator[memoryview]) -> archive.FileList:
     """art's files, once the archive's artifact.json (in pieces) is found to be art. Its canonical
-    bytes are compared as they stream by, and nothing is parsed or held; another byte form of
+    bytes are compared as they stream by, and neither side is held whole; another byte form of
     the same artifact.json is parsed."""
-    canon, at = memoryview(art.canonical), 0
+    expect, at = _Cursor(art.canonical_pieces()), 0
     for piece in manifest:
-        if canon[at:at + len(piece)] != piece:
-            rest = b"".join((canon[:at], piece, *manifest))
+        if expect.take(len(piece)) != piece:
+            rest = b"".join((art.canonical[:at], piece, *manifest))
             break
         at += len(piece)
     else:
-        rest = None if at == len(canon) else canon[:at].tobytes()
+        rest = None if not expect.take(1) else art.canonical[:at]
     if rest is not None and Artifact.from_bytes(rest).id != art.id:
         raise archive.ArchiveError("the archive's artifact.json is not the one this restore "
                                    "was asked for (the store's index and blob disagree)")
     return art.files
+
+
+class _Cursor:
+    """Bytes that come in pieces, taken n at a time whatever the pieces' bounds."""
+
+    def __init__(self, pieces: Iterator[bytes]):
+        self.pieces, self.left = iter(pieces), memoryview(b"")
+
+    def take(self, n: int) -> bytes:
+        out = []
+        while n:
+            if not self.left:
+                piece = next(self.pieces, None)
+                if piece is None:
+                    break
+                self.left = memoryview(piece)
+                continue
+            out.append(self.left[:n])
+            n -= len(out[-1])
+            self.left = self.left[len(out[-1]):]
+        return b"".join(out)
 
 
 def read_artifact_file(path: Path) -> Artifact:
