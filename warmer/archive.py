@@ -124,7 +124,9 @@ class _NotCanonical(Exception):
     pass
 
 
-_MIN_ENTRY = 118  # bytes of the shortest entry _ENTRY matches: a list of n bytes has at most n // 118
+# Bytes of the shortest entry with the five fields (an empty path): a list of n bytes, in any
+# JSON form, holds at most n // 118 entries that pass the checks.
+_MIN_ENTRY = 118
 
 
 class _Hashes:
@@ -134,9 +136,13 @@ class _Hashes:
     def __init__(self, most: int):
         self.mask = (1 << (2 * most + 1).bit_length()) - 1
         self.slots = memoryview(bytearray(8 * (self.mask + 1))).cast("Q")
+        self.room = most + 1
 
     def add(self, h: int) -> bool:
         """Add h; whether it was there already."""
+        self.room -= 1
+        if self.room < 0:  # never with `most` right; a full table would probe forever
+            raise InvalidDocument("a files list holds more entries than its bytes can")
         h = h & 0xFFFF_FFFF_FFFF_FFFF or 1  # 0 marks a free slot
         i = h & self.mask
         while slot := self.slots[i]:
@@ -181,22 +187,20 @@ class FileList:
             repeats = self._check_canonical(buf, start, end, where)
         except _NotCanonical:
             self._canonical = False
-            hashes = []
+            seen, repeats = _Hashes(most=(end - start) // _MIN_ENTRY), False
             self.count = self.total_bytes = 0
             for e in self._walk(where):
                 self.count += 1
                 self.total_bytes += e.size
                 if e.mode & ~MODE_MASK and self.unsafe is None:
                     self.unsafe = e
-                hashes.append(hash(e.path))
-            hashes.sort()
-            repeats = any(a == b for a, b in zip(hashes, hashes[1:]))
+                repeats = seen.add(hash(e.path)) or repeats
         if repeats:  # two paths with one hash: are they one path?
-            seen: set[str] = set()
+            paths: set[str] = set()
             for e in self:
-                if e.path in seen:
+                if e.path in paths:
                     raise InvalidDocument(f"{where} lists {e.path!r} twice")
-                seen.add(e.path)
+                paths.add(e.path)
         return self
 
     def _check_canonical(self, buf: bytes, start: int, end: int, where: str) -> bool:

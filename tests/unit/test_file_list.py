@@ -74,6 +74,11 @@ def test_paths_that_share_a_hash_are_compared_before_one_is_called_a_repeat(monk
     assert list(FileList.of(entries)) == entries
     with pytest.raises(InvalidDocument, match="lists 'inductor/05/c000005kernel.so' twice"):
         FileList.of(entries + entries[5:6])
+    other_form = json.dumps([e._asdict() for e in entries + entries[5:6]]).encode()  # walked with json
+    with pytest.raises(InvalidDocument, match="lists 'inductor/05/c000005kernel.so' twice"):
+        FileList.parse(other_form, 0, len(other_form), "files")
+    other_form = json.dumps([e._asdict() for e in entries]).encode()
+    assert list(FileList.parse(other_form, 0, len(other_form), "files")) == entries
 
 
 def test_entries_in_another_form_are_read_as_json_reads_them():
