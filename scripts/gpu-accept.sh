@@ -82,7 +82,7 @@ PY=$(command -v "$PY") || { echo "gpu-accept: no Python interpreter ${PYTHON:-py
 # This checkout's warmer, whatever else the image holds.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import warmer, zstandard, jsonschema" 2>/dev/null || {
-  echo "gpu-accept: $PY cannot import warmer's dependencies: pip install -e . (or pip install warmer)" >&2; exit 1; }
+  echo "gpu-accept: $PY cannot import warmer's dependencies: pip install -e . from this checkout (no index serves warmer)" >&2; exit 1; }
 if [ "$MODE" = gpu ]; then
   "$PY" -c "import vllm" 2>/dev/null || {
     echo "gpu-accept: $PY has no vLLM: run in the image the pods serve with (or --cpu)" >&2; exit 1; }

@@ -13,10 +13,17 @@
 #
 # What the GPU machine lacks (flashinfer-python, apache-tvm-ffi, zstandard, warmer) travels as
 # wheels in .whl/ (`make gpu-wheels`, then carry .whl); they are installed here with
-# pip --no-index --no-deps --target. PYTHON picks the interpreter (default python3).
+# pip --no-index --no-deps --target. PYTHON picks the interpreter (default: python3, or
+# .venv/bin/python with --cpu, as scripts/gpu-accept.sh: `make install` puts warmer's deps there).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-PY=${PYTHON:-python3}
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  PY=python3
+  for arg in "$@"; do
+    if [ "$arg" = --cpu ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
+  done
+fi
 WORK=${WARMER_GPU_CHECK_DIR:-${TMPDIR:-/tmp}/warmer-gpu-check}
 export WARMER_GPU_CHECK_DIR=$WORK
 

@@ -15,6 +15,8 @@ what is wrong and what to do.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -27,16 +29,18 @@ from warmer import explain as _explain, fetch as _fetch, fingerprint as _fingerp
 from warmer import matrix as _matrix, restore as _restore, serving, signing
 from warmer.artifact import Artifact
 from warmer.atomic import write_bytes
+from warmer.deadline import DEFAULT_S as DEFAULT_DEADLINE_S, Deadline
 from warmer.entry import IndexEntry
 from warmer.envfile import EnvFile
-from warmer.errors import UsageError
+from warmer.errors import UsageError, WarmerError
 from warmer.recipe import Recipe, load
-from warmer.store import Store, open_store
+from warmer.store import NAME, Store, open_store
 
 if TYPE_CHECKING:
     from warmer import build as _build, catalog, doctor as _doctor, fleet, verify as _verify
 
 PathLike = str | os.PathLike
+_log = logging.getLogger("warmer")
 
 
 def recipe(source: PathLike | Recipe) -> Recipe:
@@ -85,34 +89,43 @@ def pack(root: PathLike, recipe_file: PathLike | Recipe, output: PathLike, *, le
 
 
 def publish(artifact_file: PathLike, store_url: str | Store, *, sign_key: PathLike | None = None,
-            **store_options) -> _build.PublishResult:
+            deadline: float | None = None, **store_options) -> _build.PublishResult:
+    """deadline: seconds the whole publish may take (None: only per-request timeouts and retries)."""
     from warmer import build as _build
-    return _build.publish(store(store_url, **store_options), Path(artifact_file), sign_key)
+    return _build.publish(store(store_url, **store_options), Path(artifact_file), sign_key,
+                          deadline=Deadline(deadline, "publish"))
 
 
 def fetch(recipe_file: PathLike | Recipe, store_url: str | Store, root: PathLike, *, gpus_from: PathLike | None = None,
           trusted_keys=(), max_bytes: int = _restore.DEFAULT_MAX_BYTES, offline: bool = False,
-          lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT, **store_options) -> _fetch.FetchResult:
-    """A miss, an unreachable store or a bad artifact is a result (status), not an exception."""
+          lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT, deadline: float | None = DEFAULT_DEADLINE_S,
+          owner: tuple[int, int] | None = None, **store_options) -> _fetch.FetchResult:
+    """A miss, an unreachable or slow store, or a bad artifact is a result (status), not an exception;
+    the operator's own input (the recipe, the store URL, a key or fingerprint file) raises UsageError.
+    deadline: seconds the whole fetch may take (index, download, restore), then a miss. owner:
+    (uid, gid) to hand the restored root to (needs root), the user vLLM runs as."""
     gpus = _fingerprint.saved_gpus(gpus_from) if gpus_from else None
     # The recipe's schema check runs while the first bytes download (fetch calls checked()).
     r = recipe_file if isinstance(recipe_file, Recipe) else load(recipe_file, schema_later=True)
     return _fetch.fetch(r, store_url, Path(root), max_bytes=max_bytes,
                         trusted_keys=tuple(trusted_keys), gpus=gpus, offline=offline, lock_timeout=lock_timeout,
+                        deadline=Deadline(deadline), owner=owner,
                         store_options={k: v for k, v in store_options.items() if v is not None})
 
 
 def fetch_all(manifests: PathLike, store_url: str, root_base: PathLike, *, parallel: int = 2,
               skus: PathLike | None = None, trusted_keys=(), max_bytes: int = _restore.DEFAULT_MAX_BYTES,
               offline: bool = False, lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT,
+              deadline: float | None = DEFAULT_DEADLINE_S, owner: tuple[int, int] | None = None,
               **store_options) -> list[fleet.Outcome]:
-    """Every recipe under manifests whose targets include this node's SKU, into root_base/RECIPE."""
+    """Every recipe under manifests whose targets include this node's SKU, into root_base/RECIPE.
+    deadline bounds the whole run: each recipe's fetch ends by it (a miss past it)."""
     from warmer import fleet
     return fleet.fetch_all(Path(manifests), store_url, Path(root_base), parallel=parallel,
                            skus=Path(skus) if skus else None,
                            store_options={k: v for k, v in store_options.items() if v is not None},
                            trusted_keys=tuple(trusted_keys), max_bytes=max_bytes, offline=offline,
-                           lock_timeout=lock_timeout)
+                           lock_timeout=lock_timeout, deadline=Deadline(deadline, "fetch --all"), owner=owner)
 
 
 def write_fetch_metrics(path: PathLike, outcomes: list[fleet.Outcome]) -> None:
@@ -126,20 +139,70 @@ def local_roots(root_base: PathLike) -> list[fleet.LocalRoot]:
     return fleet.local_roots(Path(root_base))
 
 
-def restore(artifact_file: PathLike, root: PathLike, *, trusted_keys=(), signature_file: PathLike | None = None,
+def restore(artifact_file: PathLike, root: PathLike, *, recipe_file: PathLike | Recipe | None = None,
+            trusted_keys=(), signature_file: PathLike | None = None,
             max_bytes: int = _restore.DEFAULT_MAX_BYTES, force: bool = False,
-            lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT, progress: bool = False) -> _restore.RestoreResult:
+            lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT, owner: tuple[int, int] | None = None,
+            progress: bool = False) -> _restore.RestoreResult:
+    """recipe_file: the recipe the root will be served with (its env written from it): an artifact
+    built for another recipe is refused before anything is written, unless force."""
     signature = signing.read_sidecar(Path(signature_file)) if signature_file else None
     if signature_file and signature is None:
         raise UsageError(f"signature file {signature_file} does not exist")
+    if recipe_file is not None:
+        _same_recipe(recipe(recipe_file), _restore.read_artifact_file(Path(artifact_file)), artifact_file, force)
     return _restore.restore_file(Path(artifact_file), Path(root), max_bytes=max_bytes, trusted_keys=tuple(trusted_keys),
-                                 signature=signature, force=force, lock_timeout=lock_timeout, progress=progress)
+                                 signature=signature, force=force, lock_timeout=lock_timeout, owner=owner,
+                                 progress=progress)
 
 
-def serving_env(recipe_file: PathLike | Recipe, root: PathLike, *, offline: bool = False) -> EnvFile:
-    """The env vLLM must start with to use root, for the artifact active there."""
-    r, root = recipe(recipe_file), Path(os.path.abspath(root))
+def _same_recipe(given: Recipe, art: Artifact, artifact_file: PathLike, force: bool) -> None:
+    """Refuse an artifact built for another recipe (another name, or the same name with another model,
+    engine arg, env or workload): the env written from the given recipe would not be the one its caches
+    were built in, and vLLM would compile from cold on top of them."""
+    built = art.recipe
+    if given.name == built.name and given.digest() == built.digest:
+        return
+    differ = _differences(built.identity if isinstance(built.identity, dict) else {}, given.identity())
+    what = (f"{artifact_file} was built for recipe {built.name} (digest {built.digest[:16]}), not for recipe "
+            f"{given.name} of {given.source} (digest {given.digest()[:16]})"
+            + (f": {'; '.join(differ[:5])}" if differ else ""))
+    if not force:
+        raise UsageError(f"{what}. Its caches would be served with another recipe's env and args, and vLLM would "
+                         f"compile from cold: give --recipe the recipe it was built with (`warmer inspect "
+                         f"{artifact_file}` names it), leave --recipe out to write the env from the artifact "
+                         "itself, or pass --force to restore it anyway")
+    _log.warning("restore: %s; restoring it anyway (--force)", what)
+
+
+def _differences(built: dict, given: dict) -> list[str]:
+    """The recipe identity fields that differ, one level into tables (engine.max_model_len: 128 at
+    build, 256 here)."""
+    out = []
+    for k in given:
+        a, b = built.get(k), given.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{k}.{sub}: {_shown(a.get(sub))} at build, {_shown(b.get(sub))} here"
+                    for sub in sorted(set(a) | set(b)) if a.get(sub) != b.get(sub)]
+        elif k != "name" and a != b:
+            out.append(f"{k}: {_shown(a)} at build, {_shown(b)} here")
+    return out
+
+
+def _shown(value) -> str:
+    return "unset" if value is None else json.dumps(value) if not isinstance(value, str) else value
+
+
+def serving_env(recipe_file: PathLike | Recipe | None, root: PathLike, *, offline: bool = False) -> EnvFile:
+    """The env vLLM must start with to use root, for the artifact active there. recipe_file None:
+    the active artifact's own recipe, from the identity its artifact.json records (no recipe file
+    needed, e.g. in an image build that restores an artifact file)."""
+    root = Path(os.path.abspath(root))
     marker = _restore.active(root)
+    if recipe_file is None and marker is None:
+        raise UsageError(f"no artifact is active in {root}, so there is no recipe to write the env for: give "
+                         "--recipe RECIPE")
+    r = recipe(recipe_file) if recipe_file is not None else Recipe.from_artifact(marker.artifact)
     return serving.artifact_env(r, root, marker.artifact, offline=offline) if marker else \
         serving.vllm_env(r, root, offline=offline)
 
@@ -164,7 +227,11 @@ def serve(plan: serving.ServePlan) -> None:
 
 
 def write_env(env: EnvFile, path: PathLike, fmt: str = "dotenv") -> None:
-    write_bytes(path, env.render(fmt).encode())
+    try:
+        write_bytes(path, env.render(fmt).encode())
+    except OSError as e:  # the path the operator gave, never the temporary file beside it
+        raise WarmerError(f"cannot write the env file {path}: {e.strerror or e}; its directory must exist and be "
+                          "writable by this user (or give --env-file another path)") from None
 
 
 def verify(recipe_file: PathLike | Recipe, root: PathLike, *, workdir: PathLike | None = None) -> _verify.VerifyResult:
@@ -180,6 +247,11 @@ def verify(recipe_file: PathLike | Recipe, root: PathLike, *, workdir: PathLike 
 class Inspection:
     artifact: Artifact
     entry: IndexEntry | None = None
+    signature: signing.Signature | None = None  # of a file: its FILE.sig, when there is one
+
+    @property
+    def signed(self) -> bool:
+        return (self.entry.signature if self.entry else self.signature) is not None
 
     def summary(self) -> dict:
         a = self.artifact
@@ -190,8 +262,8 @@ class Inspection:
             out["vllm"] = {"version": a.vllm.version, "config_hash": a.vllm.config_hash,
                            "cache_dirs": list(a.vllm.cache_dirs)}
         if self.entry:
-            out.update(blob=vars(self.entry.blob).copy(), published_at=self.entry.published_at.isoformat(),
-                       signed=self.entry.signature is not None)
+            out.update(blob=vars(self.entry.blob).copy(), published_at=self.entry.published_at.isoformat())
+        out["signed"] = self.signed
         return out
 
 
@@ -201,12 +273,25 @@ def inspect(file_or_url: str, **store_options) -> Inspection:
     if "://" in file_or_url:
         entry = catalog.read_entry(file_or_url, **{k: v for k, v in store_options.items() if v is not None})
         return Inspection(entry.artifact, entry)
-    return Inspection(_restore.read_artifact_file(Path(file_or_url)))
+    path = Path(file_or_url)
+    return Inspection(_restore.read_artifact_file(path), signature=signing.read_sidecar(signing.sidecar(path)))
 
 
-def ls(store_url: str | Store, recipe_name: str | None = None, **store_options) -> catalog.Listing:
+def recipe_name_of(name_or_file: PathLike) -> str:
+    """A recipe's name, from its file (as RECIPE is everywhere) or given as the name itself."""
+    text = str(name_or_file)
+    if NAME.match(text) and not text.endswith(".toml"):
+        return text
+    return load(text).name
+
+
+def ls(store_url: str | Store, recipe_name: PathLike | None = None, *, deadline: float | None = DEFAULT_DEADLINE_S,
+       **store_options) -> catalog.Listing:
+    """recipe_name: only this recipe's artifacts (its file, or its name)."""
     from warmer import catalog
-    return catalog.ls(store(store_url, **store_options), recipe_name)
+    name = recipe_name_of(recipe_name) if recipe_name else None
+    bound = Deadline(deadline, "ls")
+    return bound.call(lambda: catalog.ls(store(store_url, **store_options), name), "listing the store")
 
 
 def gc(store_url: str | Store, keep: int, *, older_than_days: float | None = None, dry_run: bool = False,
@@ -247,5 +332,5 @@ def flashinfer_check(root: PathLike, *, recipe_file: PathLike | None = None, bac
 
 
 __all__ = ["Inspection", "Packed", "build", "doctor", "explain", "fetch", "fetch_all", "fingerprint", "local_roots", "flashinfer_check", "gc",
-           "inspect", "ls", "matrix", "pack", "publish", "recipe", "restore", "rm", "serve", "serve_plan", "serving_env", "store",
+           "inspect", "ls", "matrix", "pack", "publish", "recipe", "recipe_name_of", "restore", "rm", "serve", "serve_plan", "serving_env", "store",
            "verify", "write_env"]

@@ -480,7 +480,15 @@ class _HashingReader:
         return data
 
 
-MANIFEST_LIMIT = 256 << 20  # artifact.json of a million files stays far below this
+# artifact.json travels whole in a store's index entry too, which warmer.store caps at
+# MAX_INDEX_BYTES (64 MiB, about 300,000 files; 45,000 take 9.7 MB): one larger could never be
+# published. Its header's declared size is checked against this before a byte of it is read.
+MANIFEST_LIMIT = 64 << 20
+# A pax extended header holds a path (4 KiB at most) and a few records (size, mtime): 64 KiB is
+# room to spare. Tools write one per member; each is refused on its header block, past either
+# cap, so a member's headers hold at most 128 KiB, parsed as at most 13,000 records.
+PAX_HEADER_LIMIT = 64 << 10
+PAX_HEADERS_PER_MEMBER = 2
 # Threads that create and write the files of an extraction: file creation is mostly kernel
 # time, and it scales past one core. More than the machine's cores only adds switching.
 WRITERS = max(1, min(4, os.cpu_count() or 1))
@@ -502,6 +510,9 @@ def _manifest(stream: "_Inflated") -> Iterator[memoryview]:
     first = stream.header()
     if first is None or first.name != MANIFEST_MEMBER or first.type not in _REGULAR:
         raise ArchiveError(f"the first member is not {MANIFEST_MEMBER}; was it made by warmer pack?")
+    if first.size > MANIFEST_LIMIT:  # whitespace or not, unread
+        raise ArchiveError(f"{MANIFEST_MEMBER} declares {first.size} bytes, over the {MANIFEST_LIMIT} a store's "
+                           "index entry can hold: refused (decompression bomb or corrupt archive)")
     stream.claim(first.size)
     left = first.size
     while left:
@@ -634,8 +645,13 @@ class _Inflated:
         return b"".join(parts)
 
     def header(self) -> _Member | None:
-        """The next member's header with its pax records applied; None at the end of the archive."""
+        """The next member's header with its pax records applied; None at the end of the archive.
+
+        Only a pax header's payload is read here, capped on its block. Any other kind ends the
+        loop on its block alone (a GNU long name or link, a global pax header): the caller
+        refuses it as no regular file, its payload unread."""
         pax: dict[str, str] = {}
+        headers = 0
         while True:
             if self.at_end() and not pax:
                 return None  # no end-of-archive blocks: as tarfile; files missing are found after
@@ -647,6 +663,13 @@ class _Inflated:
                 raise ArchiveError(f"member {info.name!r}: negative size {info.size}: corrupt or hostile archive")
             if info.type != tarfile.XHDTYPE:
                 break
+            headers += 1
+            if info.size > PAX_HEADER_LIMIT:
+                raise ArchiveError(f"a pax extended header of {info.size} bytes inflates past the {PAX_HEADER_LIMIT} "
+                                   "one may take: refused (decompression bomb or corrupt archive)")
+            if headers > PAX_HEADERS_PER_MEMBER:
+                raise ArchiveError(f"more than {PAX_HEADERS_PER_MEMBER} pax extended headers before one member: "
+                                   "refused (decompression bomb or corrupt archive)")
             pax.update(_pax_records(self.exact(info.size)))
             self.exact(-info.size % BLOCK)
         if any(k.startswith("GNU.sparse.") for k in pax):

@@ -144,12 +144,14 @@ class Artifact:
     @classmethod
     def new(cls, *, key: str, recipe: RecipeRef, fingerprint: Fingerprint, path_contract: PathContract,
             components: Mapping[str, ComponentSummary], files: list[FileEntry], timings: dict,
-            vllm: VllmKey | None = None, serve_env: Mapping[str, str] | None = None) -> "Artifact":
+            vllm: VllmKey | None = None, serve_env: Mapping[str, str] | None = None,
+            created_at: datetime | None = None) -> "Artifact":
+        """created_at: when it was made (default now; a build gives SOURCE_DATE_EPOCH's time)."""
         doc = {
             "schema": SCHEMA_VERSION, "warmer": __version__, "key": key, "recipe": recipe.to_json(),
             "fingerprint": fingerprint.to_json(), "path_contract": path_contract.to_json(),
             "components": {n: c.to_json() for n, c in components.items()}, "files": [_HOLE],
-            "timings": timings, "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "timings": timings, "created_at": (created_at or datetime.now(timezone.utc)).isoformat(timespec="seconds"),
         }
         if vllm is not None:
             doc["vllm"] = vllm.to_json()

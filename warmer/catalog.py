@@ -24,7 +24,7 @@ from datetime import datetime, timedelta, timezone
 from warmer import __version__
 from warmer.entry import IndexEntry
 from warmer.errors import StoreError, UntrustedInput, UsageError
-from warmer.store import HEX64, Store, open_store
+from warmer.store import HEX64, Blob, Store, open_store
 
 ORPHAN_GRACE = timedelta(hours=6)
 
@@ -75,22 +75,42 @@ class Row:
         return {**vars(self), "published_at": self.published_at.isoformat()}
 
 
+def blob_json(b: Blob) -> dict:
+    return {"orphan_blob": b.sha256, "bytes": b.size, "modified": b.modified.isoformat(timespec="seconds")}
+
+
 @dataclass(frozen=True)
 class Listing:
     store: str
     rows: tuple[Row, ...]
     unreadable: tuple[Unreadable, ...]
+    # Blobs no entry names (an upload in flight, a lost publish race); None: not known (a listing
+    # of one recipe reads only its entries, and an unreadable entry may name any blob).
+    orphans: tuple[Blob, ...] | None = None
 
     def to_json(self) -> list[dict]:
-        return [r.to_json() for r in self.rows] + [{"recipe": u.recipe, "key": u.key, "unreadable": u.why}
-                                                  for u in self.unreadable]
+        return ([r.to_json() for r in self.rows] + [{"recipe": u.recipe, "key": u.key, "unreadable": u.why}
+                                                   for u in self.unreadable]
+                + [blob_json(b) for b in self.orphans or ()])
 
 
 def ls(store: Store, recipe: str | None = None) -> Listing:
     entries, unreadable = read_entries(store, store.list_index(recipe))
     rows = sorted((Row.of(e) for e in entries), key=lambda r: r.published_at, reverse=True)
     rows.sort(key=lambda r: (r.recipe, r.machine))
-    return Listing(store.url, tuple(rows), tuple(unreadable))
+    orphans = None
+    if recipe is None and not unreadable:
+        named = {e.blob.sha256 for e in entries}
+        # An entry published since the index was listed names its blob too: list the blobs first, then
+        # take out what the index names now.
+        blobs = [b for b in store.list_blobs() if b.sha256 not in named]
+        if blobs:
+            known = {(e.recipe, e.key) for e in entries}
+            late, late_unreadable = read_entries(store, [rk for rk in store.list_index() if rk not in known])
+            named |= {e.blob.sha256 for e in late}
+            blobs = None if late_unreadable else [b for b in blobs if b.sha256 not in named]
+        orphans = None if blobs is None else tuple(sorted(blobs, key=lambda b: b.modified))
+    return Listing(store.url, tuple(rows), tuple(unreadable), orphans)
 
 
 def split_entry_url(url: str) -> tuple[str, str, str]:
@@ -135,11 +155,14 @@ class Removal:
     recipe: str
     key: str
     blob: str | None
-    blob_deleted: bool
+    blob_deleted: bool    # with dry_run: whether it would be
     dry_run: bool
 
     def to_json(self) -> dict:
-        return vars(self).copy()
+        doc = {"store": self.store, "recipe": self.recipe, "key": self.key, "blob": self.blob, "dry_run": self.dry_run}
+        # A dry run deleted nothing: it says what --yes would do, never that something was deleted.
+        doc["would_delete_blob" if self.dry_run else "blob_deleted"] = self.blob_deleted
+        return doc
 
 
 def rm(url: str, *, yes: bool, **store_options) -> Removal:
@@ -178,10 +201,14 @@ class Collection:
     kept_entries: int
     deleted_blobs: tuple[str, ...]
     freed_bytes: int
+    orphans_deleted: tuple[Blob, ...] = ()  # blobs no entry named, older than ORPHAN_GRACE (in deleted_blobs)
+    orphans_kept: tuple[Blob, ...] = ()     # blobs no entry names, younger: maybe a publish in flight
 
     def to_json(self) -> dict:
         return {**vars(self), "deleted_entries": [r.to_json() for r in self.deleted_entries],
-                "deleted_blobs": list(self.deleted_blobs)}
+                "deleted_blobs": list(self.deleted_blobs), "orphans_deleted": [blob_json(b) for b in self.orphans_deleted],
+                "orphans_kept": [blob_json(b) for b in self.orphans_kept],
+                "orphan_grace_hours": ORPHAN_GRACE.total_seconds() / 3600}
 
 
 def gc(store: Store, keep: int, *, older_than_days: float | None = None, dry_run: bool = False,
@@ -211,6 +238,7 @@ def gc(store: Store, keep: int, *, older_than_days: float | None = None, dry_run
         for recipe, key in sorted(dropped):
             store.delete_index(recipe, key)
     referenced = {e.blob.sha256 for e in kept}
+    named_before = {e.blob.sha256 for e in entries}
     if not dry_run:  # entries published while gc ran keep their blobs too
         known = {(e.recipe, e.key) for e in entries}
         late, late_unreadable = read_entries(store, [rk for rk in store.list_index() if rk not in known])
@@ -218,10 +246,13 @@ def gc(store: Store, keep: int, *, older_than_days: float | None = None, dry_run
             referenced |= {b.sha256 for b in store.list_blobs()}
         referenced |= {e.blob.sha256 for e in late}
     freed = {e.blob.sha256 for e in drop}
-    blobs = [b for b in store.list_blobs() if b.sha256 not in referenced
-             and (b.sha256 in freed or now - b.modified > ORPHAN_GRACE)]
+    unnamed = [b for b in store.list_blobs() if b.sha256 not in referenced]
+    orphans = [b for b in unnamed if b.sha256 not in freed and b.sha256 not in named_before]
+    blobs = [b for b in unnamed if b.sha256 in freed or now - b.modified > ORPHAN_GRACE]
     if not dry_run:
         for b in blobs:
             store.delete_blob(b.sha256)
     return Collection(store.url, keep, older_than_days, dry_run, len(entries), tuple(Row.of(e) for e in drop),
-                      len(kept), tuple(b.sha256 for b in blobs), sum(b.size for b in blobs))
+                      len(kept), tuple(b.sha256 for b in blobs), sum(b.size for b in blobs),
+                      tuple(b for b in orphans if now - b.modified > ORPHAN_GRACE),
+                      tuple(b for b in orphans if now - b.modified <= ORPHAN_GRACE))

@@ -7,13 +7,17 @@ an error is also a JSON object on stdout, so a pipeline reads one stream.
 from __future__ import annotations
 
 import argparse
+import difflib
 import gc
 import json
+import logging
 import os
+import re
+import select
 import signal
 import sys
 
-from warmer import __version__, api, errors, matrix, report
+from warmer import __version__, api, deadline, errors, matrix, report
 from warmer.errors import EXIT_FINDINGS, EXIT_MISS, EXIT_NOT_HIT, EXIT_OK
 from warmer.restore import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_BYTES
 
@@ -88,7 +92,8 @@ def cmd_pack(args) -> int:
 
 
 def cmd_publish(args) -> int:
-    result = api.publish(args.file, args.store, sign_key=args.sign_key, **_store_options(args))
+    result = api.publish(args.file, args.store, sign_key=args.sign_key, deadline=args.deadline,
+                         **_store_options(args))
     _emit(args, result, report.pairs(result.to_json()))
     return EXIT_OK
 
@@ -107,7 +112,7 @@ def cmd_fetch(args) -> int:
         raise errors.UsageError("fetch needs RECIPE and --root (or WARMER_ROOT), or --all MANIFESTS --root-base DIR")
     result = api.fetch(args.recipe, args.store, args.root, gpus_from=args.gpus_from, trusted_keys=args.trusted_key or (),
                        max_bytes=args.max_bytes, offline=args.offline, lock_timeout=args.lock_timeout,
-                       **_store_options(args))
+                       deadline=args.deadline, owner=args.owner, **_store_options(args))
     _warn(result.warnings)
     _say(report.fetch(result))
     _write_env(args, result.env)
@@ -126,7 +131,8 @@ def _fetch_all(args) -> int:
                                 "--root-base/RECIPE, and its pods' own fetch writes their env file")
     outcomes = api.fetch_all(args.all, args.store, args.root_base, parallel=args.parallel, skus=args.skus,
                              trusted_keys=args.trusted_key or (), max_bytes=args.max_bytes, offline=args.offline,
-                             lock_timeout=args.lock_timeout, **_store_options(args))
+                             lock_timeout=args.lock_timeout, deadline=args.deadline, owner=args.owner,
+                             **_store_options(args))
     for o in outcomes:
         _say(f"warmer fetch --all: {o.line()}")
     if args.metrics_file:
@@ -134,14 +140,17 @@ def _fetch_all(args) -> int:
     if args.json:
         print(json.dumps([o.to_json() for o in outcomes], indent=1, default=str))
     fetched = [o for o in outcomes if o.result is not None]
+    if any(o.bad_recipe for o in outcomes):  # the others were fetched; a bad file is the operator's to fix
+        return errors.EXIT_USAGE
     return EXIT_MISS if args.require and not all(o.result.hit for o in fetched) else EXIT_OK
 
 
 def cmd_restore(args) -> int:
-    result = api.restore(args.file, args.root, trusted_keys=args.trusted_key or (), signature_file=args.signature,
-                         max_bytes=args.max_bytes, force=args.force, lock_timeout=args.lock_timeout,
-                         progress=_store_options(args)["progress"])
-    if args.recipe:
+    result = api.restore(args.file, args.root, recipe_file=args.recipe, trusted_keys=args.trusted_key or (),
+                         signature_file=args.signature, max_bytes=args.max_bytes, force=args.force,
+                         lock_timeout=args.lock_timeout, owner=args.owner, progress=_store_options(args)["progress"])
+    if args.recipe or args.env_file:
+        # Without --recipe, the artifact's own (artifact.json records it): an image build needs no recipe file.
         _write_env(args, api.serving_env(args.recipe, args.root, offline=args.offline))
     _emit(args, result, report.pairs(result.to_json()))
     return EXIT_OK
@@ -163,8 +172,7 @@ def cmd_flashinfer_check(args) -> int:
 
 def cmd_inspect(args) -> int:
     result = api.inspect(args.file, **_store_options(args))
-    summary = result.summary()
-    _emit(args, result.artifact.to_json() if args.full else summary, json.dumps(summary, indent=1))
+    _emit(args, result.artifact.to_json() if args.full else result.summary(), report.inspect(result))
     return EXIT_OK
 
 
@@ -175,7 +183,7 @@ def cmd_ls(args) -> int:
         return EXIT_OK
     if not args.store:
         raise errors.UsageError("ls needs --store URL (what a store holds) or --root-base DIR (the roots on this node)")
-    result = api.ls(args.store, args.recipe, **_store_options(args))
+    result = api.ls(args.store, args.recipe, deadline=args.deadline, **_store_options(args))
     _emit(args, result, report.ls(result))
     return EXIT_OK
 
@@ -191,7 +199,7 @@ def cmd_rm(args) -> int:
     _say(f"warmer: rm: {report.rm(result)}")
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
-    return EXIT_OK if args.yes else errors.EXIT_USAGE
+    return EXIT_OK  # without --yes, a dry run: it did what was asked
 
 
 def cmd_matrix(args) -> int:
@@ -235,12 +243,33 @@ EPILOG = ("environment: WARMER_STORE, WARMER_ROOT, WARMER_TRUSTED_KEY and WARMER
           "--store, --root, --trusted-key and --require; a flag wins.\n\nexit codes:\n" + errors.exit_code_table())
 
 
+JSON_ERRORS = False  # --json somewhere in argv: argparse's own usage errors are JSON on stdout too
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<value>[^']*)' \(choose from (?P<choices>.*)\)$")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, its usage errors as warmer's others: a "did you mean" for a mistyped command or
+    choice, and with --json the JSON error object on stdout as well (exit 2 either way)."""
+
+    def error(self, message: str):
+        m = _INVALID_CHOICE.search(message)
+        if m:
+            close = difflib.get_close_matches(m["value"], re.findall(r"'([^']*)'", m["choices"]), n=1)
+            if message.startswith("argument command:"):  # not argparse's list of all sixteen
+                message = f"unknown command {m['value']!r}" + ("" if close else " (`warmer --help` lists them)")
+            if close:
+                message += f"; did you mean {close[0]}?"
+        if JSON_ERRORS:
+            print(json.dumps({"error": message, "kind": "usage", "exit_code": errors.EXIT_USAGE}), flush=True)
+        super().error(message)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="warmer", description="Warm vLLM's compile caches once per GPU type; "
-                                "start every later node warm.", epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="warmer", description="Warm vLLM's compile caches once per GPU type; "
+               "start every later node warm.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"warmer {__version__}")
-    p.add_argument("-q", "--quiet", action="store_true", help="print errors only on stderr (no warnings, no progress)")
+    quiet = "print errors only on stderr (no warnings, no progress)"
+    p.add_argument("-q", "--quiet", action="store_true", help=quiet)
     sub = p.add_subparsers(dest="command", required=True)
 
     def cmd(name, fn, help_):
@@ -248,6 +277,8 @@ def parser() -> argparse.ArgumentParser:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         c.set_defaults(fn=fn)
         c.add_argument("--json", action="store_true", help="print JSON for machines (errors too, on stdout)")
+        # After the command too (warmer fetch ... -q); SUPPRESS: absent here, the top level's value stands.
+        c.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=quiet)
         return c
 
     def env_out(c):
@@ -267,17 +298,23 @@ def parser() -> argparse.ArgumentParser:
                        help="Ed25519 public key (PEM); when given, only artifacts it signed are restored "
                             "(repeat for several keys; env WARMER_TRUSTED_KEY, several separated by ':')")
 
+    # --store and --root are never required=True in argparse: the env can give them, and argparse's
+    # usage line cannot say "this flag or that variable". main() refuses a command that has neither.
     def store(c, required=True):
         default = os.environ.get("WARMER_STORE")
-        c.add_argument("--store", required=required and not default, default=default, metavar="URL",
+        c.add_argument("--store", default=default, metavar="URL",
                        help="where artifacts live: file:///abs/dir, s3://bucket/prefix or oci://registry/repository "
-                            f"(env WARMER_STORE{', now ' + default if default else ''})")
+                            f"({'required: this or ' if required else ''}env WARMER_STORE"
+                            f"{', now ' + default if default else ''})")
+        c.set_defaults(needs_store=required)
         s3(c)
 
     def root(c, required=True, what="the directory vLLM's caches live under (the build's root path)"):
         default = os.environ.get("WARMER_ROOT")
-        c.add_argument("--root", required=required and not default, default=default,
-                       help=f"{what} (env WARMER_ROOT{', now ' + default if default else ''})")
+        c.add_argument("--root", default=default,
+                       help=f"{what} ({'required: this or ' if required else ''}env WARMER_ROOT"
+                            f"{', now ' + default if default else ''})")
+        c.set_defaults(needs_root=required)
 
     def s3(c):
         c.add_argument("--endpoint-url", help="S3-compatible endpoint (default: boto3's, e.g. AWS_ENDPOINT_URL)")
@@ -289,9 +326,22 @@ def parser() -> argparse.ArgumentParser:
     def recipe(c):
         c.add_argument("recipe", metavar="RECIPE", help="a recipe file, e.g. manifests/models/NAME.toml")
 
+    def bounded(c, default: float | None, what: str):
+        env = os.environ.get(deadline.ENV)
+        # A string default goes through type= as a flag would: a bad value is a usage error, not a traceback.
+        c.add_argument("--deadline", type=_seconds, default=env or default, metavar="SECONDS",
+                       help=f"give up on the store after this long: {what} (env {deadline.ENV}; default "
+                            f"{'none' if default is None else f'{default:.0f}'}{', now ' + env if env else ''})")
+
+    def owner(c):
+        c.add_argument("--owner", type=_owner, default=os.environ.get("WARMER_OWNER") or None, metavar="UID:GID",
+                       help="hand the restored root to this user (run as root): vLLM, which writes lock and "
+                            "temporary files into it even on a full hit, runs as UID (env WARMER_OWNER)")
+
     def limits(c):
-        c.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES,
-                       help="refuse artifacts that unpack to more than this (default 256 GiB)")
+        c.add_argument("--max-bytes", type=size, default=DEFAULT_MAX_BYTES, metavar="SIZE",
+                       help="refuse artifacts that unpack to more than this: bytes, or with a unit, e.g. 256GiB, "
+                            f"512MiB, 10GB (default {DEFAULT_MAX_BYTES >> 30} GiB)")
         c.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT, metavar="SECONDS",
                        help="wait at most this long for another restore of the same root (default 900)")
 
@@ -325,6 +375,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("file", metavar="ARTIFACT", help="an artifact file (warmer pack or build)")
     store(c)
     sign_key(c)
+    bounded(c, PUBLISH_DEADLINE_S, "the upload fails")
 
     c = cmd("fetch", cmd_fetch, "node bootstrap: fetch this node's artifact, restore it, print the env")
     c.add_argument("recipe", metavar="RECIPE", nargs="?", help="a recipe file, e.g. manifests/models/NAME.toml")
@@ -348,6 +399,9 @@ def parser() -> argparse.ArgumentParser:
     env_out(c)
     limits(c)
     trust(c)
+    bounded(c, deadline.DEFAULT_S, "the whole fetch (index, download, restore) is then a miss; with --all, the "
+            "whole run")
+    owner(c)
 
     c = cmd("restore", cmd_restore, "restore a local artifact file into a root")
     c.add_argument("file", metavar="ARTIFACT", help="an artifact file")
@@ -357,6 +411,7 @@ def parser() -> argparse.ArgumentParser:
     env_out(c)
     limits(c)
     trust(c)
+    owner(c)
     c.add_argument("--signature", help="signature file (default: ARTIFACT.sig when --trusted-key is given)")
 
     c = cmd("verify", cmd_verify, "start the engine on a root again and prove the cache is hit")
@@ -381,7 +436,8 @@ def parser() -> argparse.ArgumentParser:
 
     c = cmd("ls", cmd_ls, "list the artifacts published in a store, or the roots on this node (--root-base)")
     store(c, required=False)
-    c.add_argument("--recipe", help="only this recipe's artifacts (its name)")
+    c.add_argument("--recipe", metavar="RECIPE", help="only this recipe's artifacts: its file (or its name)")
+    bounded(c, deadline.DEFAULT_S, "the listing fails")
     c.add_argument("--root-base", metavar="DIR",
                    help="list the roots under DIR on this node instead: recipe, key, size, restored when, and "
                         "whether the artifact still fits this node")
@@ -431,30 +487,105 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+PUBLISH_DEADLINE_S = 3600.0  # an upload of many GB over a CI runner's link
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(B|[KMGT]i?B)?\s*", re.I)
+
+
+def size(text: str) -> int:
+    """Bytes, from a plain count or a number with a unit: 256GiB (2^30), 10GB (10^9), 512MiB, 64kB."""
+    m = _SIZE.fullmatch(text)
+    if m:
+        number, unit = m[1], (m[2] or "B").upper()
+        scale = 1 if unit == "B" else (1024 if "I" in unit else 1000) ** " KMGT".index(unit[0])
+        if (unit != "B" or number.isdigit()) and float(number) * scale >= 1:  # no fractions of a byte
+            return int(float(number) * scale)
+    raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes (e.g. 274877906944) or a number and a "
+                                     "unit, e.g. 256GiB, 512MiB, 10GB (GB is 10^9 bytes, GiB 2^30)")
+
+
+def _owner(text: str) -> tuple[int, int]:
+    uid, sep, gid = text.partition(":")
+    if not uid.isdigit() or (sep and not gid.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not UID or UID:GID in numbers (e.g. 1000:1000, as the "
+                                         "serving container's runAsUser and runAsGroup)")
+    return int(uid), int(gid) if sep else int(uid)
+
+
+def _log_to_stderr(quiet: bool) -> None:
+    """Progress and retry lines (the "warmer" logger) on stderr, unless quiet."""
+    logger = logging.getLogger("warmer")
+    if not any(getattr(h, "warmer_cli", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("warmer: %(message)s"))
+        handler.warmer_cli = True
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+
+
 def _terminated(signum, frame):
     raise errors.Terminated("terminated by SIGTERM")
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe its reader has closed (poll says POLLERR): a BrokenPipeError from a
+    store's socket is an error like any other, one from stdout is not."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _needs(args) -> None:
+    """--store and --root where a command needs them: the flag, or the env var (see store() in parser)."""
+    for flag, env, what in (("store", "WARMER_STORE", "URL: file:///abs/dir, s3://bucket/prefix or "
+                             "oci://registry/repository"), ("root", "WARMER_ROOT", "DIR")):
+        if getattr(args, f"needs_{flag}", False) and not getattr(args, flag, None):
+            raise errors.UsageError(f"--{flag} is required here: give --{flag} {what}, or set {env} in the "
+                                    "environment")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after a lone -- goes to vLLM as it is (warmer serve R --root D -- --port 8000).
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    ours = argv[:argv.index("--")] if "--" in argv else argv
+    global JSON_ERRORS
+    JSON_ERRORS = "--json" in ours
+    args = parser().parse_args(ours)
     if extra and args.command != "serve":
         parser().error(f"`-- {' '.join(extra)}`: only `warmer serve` passes flags on (to vLLM)")
     args.extra = extra
     global QUIET
     QUIET = args.quiet
+    _log_to_stderr(args.quiet or getattr(args, "json", False))
     # SIGTERM becomes an exception in the main thread, so that what a command started (the vLLM
     # engine's process group, a staging directory) is cleaned up on the way out.
     signal.signal(signal.SIGTERM, _terminated)
     try:
+        _needs(args)
         return args.fn(args)
     except KeyboardInterrupt:
         return _fail(args, "interrupted", "interrupted", errors.EXIT_INTERRUPTED)
     except errors.WarmerError as e:
         return _fail(args, str(e), e.kind, e.exit_code)
     except OSError as e:  # a file the operator named, a disk: the message says which
+        if isinstance(e, BrokenPipeError) and _stdout_gone():
+            raise  # whoever read stdout went away (`warmer ls | head -1`): run() ends quietly
         return _fail(args, f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), "os-error",
                      errors.EXIT_ERROR)
 
@@ -462,9 +593,32 @@ def main(argv: list[str] | None = None) -> int:
 def run() -> None:
     """The `warmer` command (and `python -m warmer`): main, then exit without the garbage
     collector's last pass over every object the imports made (0.08 s of a node's fetch)."""
-    code = main()
+    try:
+        try:
+            code = main()
+        except SystemExit as e:  # argparse's --help, --version and usage errors
+            code = e.code
+        sys.stdout.flush()  # here, not at exit: a reader gone is then seen below, not as a traceback
+    except BrokenPipeError:  # only stdout's gets here (main)
+        _exit_on_sigpipe()
     gc.freeze()
     sys.exit(code)
+
+
+def _exit_on_sigpipe() -> None:
+    """End as coreutils do when their reader goes (`warmer ls | head -1`): killed by SIGPIPE, no
+    message, no traceback; the shell says 141 (128 + 13), which pipefail scripts and the
+    `|| [ $? -eq 141 ]` idiom already know from `ls | head`. Not exit 1: that is "an error, the
+    message says what", and nothing went wrong here. Python ignores SIGPIPE so that a broken
+    socket (a store's) is an exception; the default comes back only now, to end this process."""
+    try:  # nothing more may reach the pipe, not even the interpreter's flush at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):
+        pass
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGPIPE)
+    os._exit(errors.EXIT_PIPE)  # not reached: the signal ends the process
 
 
 def _fail(args, message: str, kind: str, code: int) -> int:

@@ -32,7 +32,7 @@ from warmer.envfile import EnvFile
 from warmer.errors import UsageError
 from warmer.fingerprint import Fingerprint
 from warmer.mounts import classify, mount_of, parse_mountinfo, under
-from warmer.recipe import Recipe, parse
+from warmer.recipe import Recipe
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 FIX_VOLUME = ("point {var} into a volume (a hostPath shared by the node's pods, or a persistent volume): "
@@ -242,15 +242,6 @@ def _per_pod_env(env: dict[str, str], hostnames: set[str]) -> list[Finding]:
     return out
 
 
-def _recipe_of(art) -> Recipe:
-    """The recipe an artifact was built from, rebuilt from its identity."""
-    ident = art.recipe.identity
-    model = ({"path": ident["model"]} if str(ident["model"]).startswith("/")
-             else {"id": ident["model_id"], "revision": ident["revision"]})
-    return parse({"name": ident["name"], "model": model, "engine": ident["engine"], "env": ident["env"],
-                  "workload": ident["workload"]}, Path(f"<artifact {art.key[:16]}>"))
-
-
 def _artifact(env, root: Path, marker: restore.Marker | None, recipe: Recipe | None,
               node: Callable[[], Fingerprint] | None, exists: Callable[[str], bool] | None) -> list[Finding]:
     if root.is_symlink():
@@ -290,7 +281,7 @@ def _artifact(env, root: Path, marker: restore.Marker | None, recipe: Recipe | N
             out.append(Finding(ERROR if d.recompiles else INFO, "vllm-key", d.name, d.line(),
                                f"start vLLM with {d.name} as at build ({'unset' if d.built is None else repr(d.built)}),"
                                " or add it to the recipe's [env] and rebuild" if d.recompiles else "none"))
-    served = recipe or _recipe_of(art)
+    served = recipe or Recipe.from_artifact(art)
     fixed = [n for n, c in art.components.items() if not c.relocatable]
     for w in art.path_contract.warnings(root, served.model, fixed, env):
         out.append(Finding(WARNING, "path-contract", str(root), w,
@@ -311,13 +302,29 @@ def _artifact(env, root: Path, marker: restore.Marker | None, recipe: Recipe | N
     return out
 
 
+def _ownership(root: Path, owner: tuple[int, int] | None) -> list[Finding]:
+    """Can the serving user write what vLLM writes into the root (locks, temporary files) even on a
+    full hit? If not, vLLM crashes at start-up with PermissionError."""
+    problem = restore.unwritable(root, owner)
+    if problem is None:
+        return []
+    uid, gid = owner or (os.geteuid(), os.getegid())
+    return [Finding(ERROR, "ownership", str(root), f"{problem}: uid {uid}, which vLLM runs as, cannot write it; torch "
+                    "and vLLM write lock and temporary files into the root even on a full hit, so vLLM exits with "
+                    "PermissionError (`warmer serve` starts it cold elsewhere instead)",
+                    f"as root: `chown -R {uid}:{gid} {root}`, or fetch as root with `warmer fetch --owner {uid}:{gid}`"
+                    f", or run the fetch as uid {uid} on a directory it owns")]
+
+
 def diagnose(env: dict[str, str], mountinfo: str, *, root: Path | None = None, recipe: Recipe | None = None,
              resolve: Callable[[str], str] = os.path.normpath, can_write: Callable[[str], bool] | None = None,
              exists: Callable[[str], bool] | None = None, node: Callable[[], Fingerprint] | None = None,
-             user: str = "root", hostnames: set[str] = frozenset(), flashinfer_installed: bool = True) -> Diagnosis:
+             user: str = "root", hostnames: set[str] = frozenset(), flashinfer_installed: bool = True,
+             owner: tuple[int, int] | None = None) -> Diagnosis:
     """Every check on the given inputs. resolve maps a path to the one mountinfo shows (realpath
     on this machine, normpath for a sample); can_write and exists probe this machine (None: only
-    mountinfo's read-only flags count); node returns this node's fingerprint."""
+    mountinfo's read-only flags count); node returns this node's fingerprint; owner: the (uid,
+    gid) vLLM runs as, when it is not this process (doctor --pid)."""
     mounts = parse_mountinfo(mountinfo)
     root = Path(os.path.abspath(root)) if root else _find_root(env, resolve)
     marker = restore.active(root) if root else None
@@ -326,6 +333,8 @@ def diagnose(env: dict[str, str], mountinfo: str, *, root: Path | None = None, r
     findings += _per_pod_env(env, set(hostnames) | {env.get("HOSTNAME", "")})
     if root:
         findings += _artifact(env, root, marker, recipe, node, exists)
+        if can_write is not None and root.is_dir():  # this machine's files, not a saved sample's
+            findings += _ownership(root, owner)
     order = {ERROR: 0, WARNING: 1, INFO: 2}
     findings.sort(key=lambda f: order[f.severity])
     return Diagnosis(str(root) if root else None, tuple(rows), tuple(findings))
@@ -352,6 +361,7 @@ def diagnose_here(*, root: str | None = None, recipe: Recipe | None = None, env_
     """diagnose() on this machine: the env of this process (or of pid), plus env_file on top (what
     vLLM starts with), and /proc/self/mountinfo unless a saved one is given."""
     env = read_process_env(pid) if pid is not None else dict(os.environ)
+    owner = _process_ids(pid) if pid is not None else None
     if env_file:
         try:
             text = Path(env_file).read_text(errors="replace")
@@ -372,4 +382,15 @@ def diagnose_here(*, root: str | None = None, recipe: Recipe | None = None, env_
                     node=None if sample else (lambda: fingerprint.probe(root=root, model=model)),
                     user=env.get("USER") or env.get("LOGNAME") or getpass.getuser(),
                     hostnames={socket.gethostname()} if not sample else set(),
-                    flashinfer_installed=sample or importlib.util.find_spec("flashinfer") is not None)
+                    flashinfer_installed=sample or importlib.util.find_spec("flashinfer") is not None,
+                    owner=owner)
+
+
+def _process_ids(pid: int) -> tuple[int, int] | None:
+    """The effective (uid, gid) of process pid, from /proc/PID/status."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                      if ":" in line)
+        return int(fields["Uid"].split()[1]), int(fields["Gid"].split()[1])
+    except (OSError, KeyError, ValueError, IndexError):
+        return None

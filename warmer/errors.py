@@ -21,6 +21,7 @@ EXIT_NOT_HIT = 4        # verify: the restored start recompiled something
 EXIT_FINDINGS = 5       # doctor found an error
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
 EXIT_TERMINATED = 143   # SIGTERM: children (the vLLM engine) were stopped first
+EXIT_PIPE = 141         # stdout's reader went away: ended by SIGPIPE (128 + 13), as coreutils are
 
 EXIT_CODES = (
     (EXIT_OK, "success; for fetch also a miss without --require (a slow start, never a failed pod)"),
@@ -31,6 +32,7 @@ EXIT_CODES = (
     (EXIT_FINDINGS, "doctor: an error-level finding"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
     (EXIT_TERMINATED, "terminated (SIGTERM); child processes were stopped"),
+    (EXIT_PIPE, "stdout closed early (warmer ls | head -1): ended by SIGPIPE, no message"),
 )
 
 

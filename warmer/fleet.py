@@ -17,18 +17,28 @@ from pathlib import Path
 
 from warmer import fetch, fingerprint, matrix, restore
 from warmer.atomic import write_bytes
+from warmer.deadline import Deadline
+from warmer.errors import UsageError
 from warmer.recipe import Recipe, load
+from warmer.store import open_store
 
 
 @dataclass(frozen=True)
 class Outcome:
     recipe: str
     root: str
-    result: fetch.FetchResult | None      # None: not fetched (the recipe targets no SKU of this node)
+    result: fetch.FetchResult | None      # None: not fetched (skipped, or a bad recipe file)
     seconds: float
     why_skipped: str | None = None
+    bad_recipe: str | None = None         # why the recipe file could not be used: the others still fetch
+
+    @property
+    def status(self) -> str:
+        return "bad-recipe" if self.bad_recipe else "skipped" if self.result is None else self.result.status
 
     def line(self) -> str:
+        if self.bad_recipe:
+            return f"{self.recipe}: bad-recipe, not fetched: {self.bad_recipe}"
         if self.result is None:
             return f"{self.recipe}: skipped ({self.why_skipped})"
         r = self.result
@@ -39,51 +49,75 @@ class Outcome:
 
     def to_json(self) -> dict:
         doc = {"recipe": self.recipe, "root": self.root, "seconds": round(self.seconds, 3)}
-        if self.result is None:
+        if self.bad_recipe:
+            doc.update(status="bad-recipe", why=self.bad_recipe)
+        elif self.result is None:
             doc.update(status="skipped", why=self.why_skipped)
         else:
             doc.update(self.result.to_json())
         return doc
 
 
-def recipes_for_node(manifests: Path, node, *, skus: Path | None = None) -> tuple[list[Recipe], list[tuple[str, str]]]:
-    """(recipes that target a SKU this node is, [(recipe file, why skipped)] for the others)."""
+def recipes_for_node(manifests: Path, node, *, skus: Path | None = None
+                     ) -> tuple[list[Recipe], list[tuple[str, str]], list[tuple[str, str]]]:
+    """(recipes that target a SKU this node is, [(recipe, why skipped)] for the others, [(recipe
+    file's name, why it cannot be used)]). One bad file (invalid TOML, a link out of the
+    directory, a FIFO, 100 MB) is one line, never the end of the others: on a DaemonSet, a broken
+    ConfigMap entry must not turn every recipe of every node cold."""
     catalogue = skus or matrix.find_catalogue([manifests])
     catalogue_skus = matrix.load_skus(catalogue)
     mine = {name for name, sku in catalogue_skus.items() if sku.matches(node)}
-    chosen, skipped = [], []
+    chosen, skipped, bad = [], [], []
     for f in matrix.recipe_files([manifests]):
-        recipe = load(f)
+        try:
+            recipe = load(f, within=f.parent)
+        except UsageError as e:
+            bad.append((f.stem, str(e)))
+            continue
         hits = sorted(mine & set(recipe.targets))
         if hits:
             chosen.append(recipe)
         else:
             skipped.append((recipe.name, f"targets {', '.join(recipe.targets) or 'no SKU'}; this node is "
                                          f"{', '.join(sorted(mine)) or 'no SKU in ' + str(catalogue)}"))
-    return chosen, skipped
+    return chosen, skipped, bad
 
 
 def fetch_all(manifests: Path, store_url: str, root_base: Path, *, parallel: int = 2, skus: Path | None = None,
-              store_options: dict | None = None, **fetch_options) -> list[Outcome]:
-    """Fetch every recipe for this node's SKU into root_base/RECIPE, `parallel` at a time."""
+              store_options: dict | None = None, deadline: Deadline | None = None, **fetch_options) -> list[Outcome]:
+    """Fetch every recipe for this node's SKU into root_base/RECIPE, `parallel` at a time, all of
+    it by the deadline (each recipe's fetch ends by it, a miss past it). An interrupt (SIGTERM,
+    Ctrl-C) cancels the fetches under way: each leaves its root as it was."""
+    deadline = deadline or Deadline(what="fetch --all")
     node = fingerprint.probe()
-    chosen, skipped = recipes_for_node(manifests, node, skus=skus)
+    chosen, skipped, bad = recipes_for_node(manifests, node, skus=skus)
     root_base = Path(root_base).absolute()
+    store_options = store_options or {}
+    if isinstance(store_url, str):
+        open_store(store_url, **store_options)  # a malformed URL is the operator's: UsageError once, up front
 
     def one(recipe: Recipe) -> Outcome:
         t0 = time.perf_counter()
         root = root_base / recipe.name
-        result = fetch.fetch(recipe, store_url, root, store_options=store_options, **fetch_options)
+        result = fetch.fetch(recipe, store_url, root, store_options=store_options,
+                             deadline=deadline.child(f"fetch of {recipe.name}"), **fetch_options)
         return Outcome(recipe.name, str(root), result, time.perf_counter() - t0)
 
-    with ThreadPoolExecutor(max(1, parallel)) as pool:
+    pool = ThreadPoolExecutor(max(1, parallel))
+    try:
         done = list(pool.map(one, chosen))
-    return done + [Outcome(name, str(root_base / name), None, 0.0, why) for name, why in skipped]
+    except BaseException:
+        deadline.cancel()  # the fetches under way stop within a second or two and keep their roots
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return (done + [Outcome(name, str(root_base / name), None, 0.0, bad_recipe=why) for name, why in bad]
+            + [Outcome(name, str(root_base / name), None, 0.0, why) for name, why in skipped])
 
 
 def metrics(outcomes: list[Outcome]) -> str:
     """node_exporter textfile-collector metrics (Prometheus text format) of fetch outcomes."""
-    statuses = ("hit", "already-active", "miss", "misfit", "untrusted", "rollback", "error")
+    statuses = (*fetch.STATUSES, "bad-recipe")
     lines = ["# HELP warmer_fetch_seconds Seconds the last warmer fetch of a recipe took.",
              "# TYPE warmer_fetch_seconds gauge",
              "# HELP warmer_artifact_bytes Bytes of cache the artifact active for a recipe holds (0: none).",
@@ -91,14 +125,13 @@ def metrics(outcomes: list[Outcome]) -> str:
              "# HELP warmer_fetch_status 1 for the outcome of the last warmer fetch of a recipe, 0 for the others.",
              "# TYPE warmer_fetch_status gauge"]
     for o in outcomes:
-        if o.result is None:
+        if o.status == "skipped":
             continue
-        label = o.recipe.replace("\\", "\\\\").replace('"', '\\"')
-        marker = restore.active(Path(o.root))
+        label = o.recipe.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        marker = restore.active(Path(o.root)) if o.result is not None else None
         lines.append(f'warmer_fetch_seconds{{recipe="{label}"}} {o.seconds:.3f}')
         lines.append(f'warmer_artifact_bytes{{recipe="{label}"}} {marker.artifact.total_bytes if marker else 0}')
-        lines += [f'warmer_fetch_status{{recipe="{label}",status="{s}"}} {int(o.result.status == s)}'
-                  for s in statuses]
+        lines += [f'warmer_fetch_status{{recipe="{label}",status="{s}"}} {int(o.status == s)}' for s in statuses]
     return "\n".join(lines) + "\n"
 
 

@@ -119,6 +119,17 @@ class Recipe:
     def summary(self) -> dict:
         return {"name": self.name, "digest": self.digest(), "identity": self.identity()}
 
+    @classmethod
+    def from_artifact(cls, art) -> "Recipe":
+        """The recipe an artifact was built from, rebuilt from the identity its artifact.json
+        records (art: a warmer.artifact.Artifact): what a node serves with when it has no recipe
+        file. Checked as a recipe file is; its digest is the artifact's."""
+        ident = art.recipe.identity
+        model = {"path": ident["model"]} if str(ident["model"]).startswith("/") else {}
+        model |= {k: ident[f] for k, f in (("id", "model_id"), ("revision", "revision")) if ident.get(f)}
+        return parse({"name": ident["name"], "model": model, "engine": ident["engine"], "env": ident["env"],
+                      "workload": ident["workload"]}, Path(f"<artifact {art.key[:16]}>"))
+
     def warnings(self) -> list[str]:
         """Engine args left to defaults that differ between the warm-up and `vllm serve`, and what
         loading found suspicious but could not refuse."""
@@ -480,13 +491,47 @@ def _build(doc: dict, source: Path, path: str | None, notes: tuple, unchecked: t
 _TOML_AT = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
 
 
-def load(path: str | os.PathLike, *, schema_later: bool = False) -> Recipe:
-    """The recipe in the TOML file at path (schema_later: see parse)."""
-    source = Path(path)
+# A recipe is a page of TOML: anything larger is not one (and is not read whole into memory).
+MAX_RECIPE_BYTES = 1 << 20
+
+
+def read_recipe_file(source: Path, within: Path | None = None) -> str:
+    """The text of a recipe file: a regular file (a FIFO would hang the reader) of at most
+    MAX_RECIPE_BYTES. within: a directory the file must really lie in; a link out of it is refused
+    and the file it leads to is opened without following another (a ConfigMap volume's files
+    are links into its own ..data directory, so links inside it are fine)."""
+    import errno
+    import stat
+
+    target = Path(os.path.realpath(source)) if within is not None else source
+    if within is not None and not target.is_relative_to(os.path.realpath(within)):
+        raise RecipeError(f"recipe {source} is a link to {target}, outside {within}: refused; put the recipe "
+                          "itself in the directory")
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if within is not None else 0)
     try:
-        text = source.read_text()
+        fd = os.open(target, flags)
     except FileNotFoundError:
         raise RecipeError(f"recipe {source} does not exist; recipes live in manifests/models/*.toml") from None
+    except OSError as e:
+        why = "a link" if e.errno == errno.ELOOP else e.strerror
+        raise RecipeError(f"cannot read the recipe {source}: {why}") from None
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RecipeError(f"recipe {source} is not a regular file ({stat.filemode(st.st_mode)}): refused")
+        data = f.read(MAX_RECIPE_BYTES + 1)
+    if len(data) > MAX_RECIPE_BYTES:
+        raise RecipeError(f"recipe {source} is over {MAX_RECIPE_BYTES >> 10} KiB: not a recipe (refused unread)")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise RecipeError(f"recipe {source} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def load(path: str | os.PathLike, *, schema_later: bool = False, within: Path | None = None) -> Recipe:
+    """The recipe in the TOML file at path (schema_later: see parse; within: read_recipe_file)."""
+    source = Path(path)
+    text = read_recipe_file(source, within)
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what a node's fetch does not import (see warmer.api)
+    from warmer.api import Inspection
     from warmer.build import BuildResult, PublishResult
     from warmer.catalog import Collection, Listing, Removal
     from warmer.doctor import Diagnosis
@@ -170,9 +172,17 @@ def explain(r: Explanation, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _orphans(blobs) -> str:
+    return f"{len(blobs)} orphan blob(s), {sum(b.size for b in blobs) / 1e6:.1f} MB"
+
+
 def ls(r: Listing) -> str:
+    # No entry names an orphan blob: an upload in flight or a lost publish race, gc's to delete.
+    orphans = (f"{_orphans(r.orphans)} that no index entry names (an upload in flight, or left by an "
+               f"interrupted publish): `warmer gc --dry-run` lists them, gc deletes them once "
+               f"{_grace_hours():.0f} h old" if r.orphans else None)
     if not r.rows and not r.unreadable:
-        return f"{r.store}: no artifacts"
+        return "\n".join([f"{r.store}: no artifacts"] + ([orphans] if orphans else []))
     lines = [f"{'RECIPE':<28} {'KEY':<16} {'MACHINE':<28} {'PUBLISHED':<25} {'SIZE':>10} {'VERIFY':<8}"]
     for row in r.rows:
         lines.append(f"{row.recipe:<28} {row.key[:16]:<16} {row.machine:<28} "
@@ -183,13 +193,27 @@ def ls(r: Listing) -> str:
     if r.unreadable:
         lines.append(f"{len(r.unreadable)} unreadable entr{'y' if len(r.unreadable) == 1 else 'ies'}: remove with "
                      f"`warmer rm {r.store}/index/RECIPE/KEY --yes`")
+    if orphans:
+        lines.append(orphans)
     return "\n".join(lines)
+
+
+def _grace_hours() -> float:
+    from warmer.catalog import ORPHAN_GRACE
+    return ORPHAN_GRACE.total_seconds() / 3600
+
+
+def _orphan(b) -> str:
+    return f"orphan blob {b.sha256[:16]} ({megabytes(b.size)}, uploaded {b.modified.isoformat(timespec='seconds')})"
 
 
 def gc(r: Collection) -> str:
     verb = "would delete" if r.dry_run else "deleted"
     lines = [f"{verb}: {e.recipe} {e.key[:16]} ({e.machine}, published {e.published_at.isoformat()})"
              for e in r.deleted_entries]
+    lines += [f"{verb}: {_orphan(b)}: no index entry names it" for b in r.orphans_deleted]
+    lines += [f"kept: {_orphan(b)}: no index entry names it, but it is younger than {_grace_hours():.0f} h "
+              "(maybe a publish in flight)" for b in r.orphans_kept]
     lines.append(f"{r.store}: {verb} {len(r.deleted_entries)} of {r.entries} index entries and "
                  f"{len(r.deleted_blobs)} blob(s), {r.freed_bytes / 1e6:.1f} MB; kept {r.kept_entries} "
                  f"(newest {r.keep} per recipe and machine kind)")
@@ -197,11 +221,43 @@ def gc(r: Collection) -> str:
 
 
 def rm(r: Removal) -> str:
-    verb = "would remove" if r.dry_run else "removed"
-    blob = (f"; blob {r.blob[:16]} {'deleted' if r.blob_deleted else 'kept (another entry names it, or an entry is unreadable)'}"
-            if r.blob else "; its blob is unknown (unreadable entry): kept")
-    tail = " (pass --yes to remove it)" if r.dry_run else "; an audit record is kept in the store"
-    return f"{verb} {r.store}/index/{r.recipe}/{r.key}{blob}{tail}"
+    kept = "kept (another entry names it, or an entry is unreadable)"
+    if r.dry_run:  # nothing happened: say what --yes would do, in the conditional
+        blob = (f"blob {r.blob[:16]} would be {'deleted too' if r.blob_deleted else kept}" if r.blob else
+                "its blob is unknown (unreadable entry): it would be kept")
+        return f"would remove {r.store}/index/{r.recipe}/{r.key}; {blob}; nothing removed: pass --yes to remove it"
+    blob = (f"blob {r.blob[:16]} {'deleted' if r.blob_deleted else kept}" if r.blob else
+            "its blob is unknown (unreadable entry): kept")
+    return f"removed {r.store}/index/{r.recipe}/{r.key}; {blob}; an audit record is kept in the store"
+
+
+def inspect(i: Inspection) -> str:
+    """An artifact for a person: what it is, what it holds, where it was built; --json has the rest."""
+    a = i.artifact
+    model = a.recipe.identity.get("model") if isinstance(a.recipe.identity, dict) else None
+    lines = [f"key:        {a.key}",
+             f"recipe:     {a.recipe.name} (digest {a.recipe.digest[:16]}{', model ' + str(model) if model else ''})",
+             f"created:    {a.created_at or '-'} by warmer {a.warmer}",
+             f"built on:   {a.fingerprint.describe()}",
+             f"built at:   root {a.path_contract.root}, model {a.path_contract.model}",
+             "components:"]
+    lines += [f"  {name:<22}{c.files:>7} files {megabytes(c.bytes):>12}" for name, c in a.components.items()]
+    lines.append(f"  {'total':<22}{len(a.files):>7} files {megabytes(a.total_bytes):>12}")
+    v = a.timings.get("verify") or {}
+    if v:
+        lines.append(f"verified:   {v.get('verdict', '-')}, {_shown(v.get('recompiled_files'))} recompiled file(s)")
+    if a.vllm:
+        lines.append(f"vLLM:       {a.vllm.version or '-'}, config hash {_shown(a.vllm.config_hash)}")
+    if a.serve_env:
+        lines.append("serve env:  " + ", ".join(f"{k}={v}" for k, v in a.serve_env.items()))
+    signature = i.entry.signature if i.entry else i.signature
+    lines.append(f"signed:     yes, by key {signature.key_id}" if signature else
+                 "signed:     no" + ("" if i.entry else " (no .sig file beside it)"))
+    if i.entry:
+        lines.append(f"blob:       {i.entry.blob.sha256} ({megabytes(i.entry.blob.size)}), published "
+                     f"{i.entry.published_at.isoformat()}")
+    lines.append("more: --json (timings, path contract, vLLM's key), --json --full (artifact.json whole)")
+    return "\n".join(lines)
 
 
 def flashinfer_check(r: dict) -> str:
@@ -230,19 +286,35 @@ def flashinfer_check(r: dict) -> str:
     return "\n".join(lines) or "no FlashInfer JIT modules under this root"
 
 
+def _shown(value) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+# doctor's messages quote values with repr(): an unset variable reads "VAR is None" there.
+_IS_NONE = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*) is None\b")
+
+
+def _unset(text: str) -> str:
+    return _IS_NONE.sub(r"\1 is unset", text)
+
+
 def doctor(r: Diagnosis) -> str:
     from warmer.doctor import ERROR, INFO, WARNING
-    lines = ["cache locations:"]
-    for row in r.locations:
-        where = f"{row['fstype']} on {row['mount_point']}" if row["mount_point"] else "?"
-        lines.append(f"  {row['var']:<30}{row['path']}{' (default)' if row['default'] else ''}  [{row['kind']}: {where}"
-                     f"{', read-only' if row['read_only'] else ''}]")
+    rows = [(row["var"], _shown(row["path"]) + (" (default)" if row["default"] else ""),
+             f"{_shown(row['kind'])}: " + (f"{_shown(row['fstype'])} on {row['mount_point']}" if row["mount_point"]
+                                         else "?") + (", read-only" if row["read_only"] else ""))
+            for row in r.locations]
+    # Columns as wide as their longest cell, two spaces apart: a long name never runs into its value.
+    var_w = max([len("VARIABLE")] + [len(v) for v, _, _ in rows])
+    path_w = max([len("PATH")] + [len(p) for _, p, _ in rows])
+    lines = ["cache locations:", f"  {'VARIABLE':<{var_w}}  {'PATH':<{path_w}}  FILESYSTEM"]
+    lines += [f"  {var:<{var_w}}  {path:<{path_w}}  {where}" for var, path, where in rows]
     if r.root:
         lines.append(f"root: {r.root}")
     for f in r.findings:
-        lines.append(f"{f.severity.upper():<8}{f.check}: {f.what}")
+        lines.append(f"{f.severity.upper():<8}{f.check}: {_unset(_shown(f.what))}")
         if f.fix != "none":
-            lines.append(f"{'':<8}fix: {f.fix}")
+            lines.append(f"{'':<8}fix: {_unset(_shown(f.fix))}")
     c = r.counts
     lines.append(f"{c[ERROR]} error(s), {c[WARNING]} warning(s), {c[INFO]} note(s)")
     return "\n".join(lines)
@@ -289,9 +361,10 @@ def local_roots(base, roots) -> str:
     """The roots on this node (warmer ls --root-base)."""
     if not roots:
         return f"{base}: no roots"
-    lines = [f"{'RECIPE':<28} {'KEY':<16} {'SIZE':>10} {'RESTORED':<25} FITS"]
+    width = max(len("ROOT"), *(len(r.root) for r in roots))
+    lines = [f"{'RECIPE':<28} {'ROOT':<{width}} {'KEY':<16} {'SIZE':>10} {'RESTORED':<25} FITS"]
     for r in roots:
         fits = "-" if r.fits is None else "yes" if r.fits else "NO: " + "; ".join(r.why_not)
-        lines.append(f"{r.recipe:<28} {(r.key or 'none active')[:16]:<16} {r.bytes / 1e6:>7.1f} MB "
+        lines.append(f"{r.recipe:<28} {r.root:<{width}} {(r.key or 'none active')[:16]:<16} {r.bytes / 1e6:>7.1f} MB "
                      f"{r.restored_at or '-':<25} {fits}")
     return "\n".join(lines)

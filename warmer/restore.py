@@ -18,6 +18,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import stat
@@ -33,9 +34,10 @@ from typing import BinaryIO, Callable, ContextManager, Iterator
 from warmer import archive, artifact, components, signing
 from warmer.artifact import Artifact, ArtifactError
 from warmer.atomic import atomic_write
+from warmer.deadline import Deadline, DeadlineExceeded
 from warmer.store import BlobCorrupt, BlobStream, StoreError
 from warmer.store.progress import Progress
-from warmer.errors import WarmerError
+from warmer.errors import UsageError, WarmerError
 from warmer.untrusted import Fields, InvalidDocument, load_json
 
 MARKER = ".warmer-artifact.json"   # in an active root: which artifact it holds
@@ -43,6 +45,7 @@ PREPARED = ".warmer-root"          # in a root warmer prepared for vLLM to compi
 DEFAULT_MAX_BYTES = 256 << 30
 DEFAULT_LOCK_TIMEOUT = 900.0       # a restore of a large artifact on a slow disk takes minutes
 MAX_MARKER_BYTES = archive.MANIFEST_LIMIT + (1 << 20)
+log = logging.getLogger("warmer")
 
 
 class RestoreError(WarmerError):
@@ -163,37 +166,56 @@ def lock_path(root: Path) -> Path:
     return root.parent / f".{root.name}.warmer.lock"
 
 
-def _holders(fd: int) -> list[int]:
-    """Processes holding a lock on the file open as fd, from /proc/locks (Linux)."""
+def _holders(fd: int) -> list[tuple[int, str]]:
+    """(pid, READ or WRITE) of each process holding a lock on the file open as fd, from /proc/locks (Linux)."""
     st = os.fstat(fd)
     want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    pids = []
+    out = []
     try:
         with open("/proc/locks") as f:
             for line in f:
                 fields = line.split()
                 # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (or "->" for waiters)
                 if len(fields) >= 6 and fields[1] != "->" and fields[5] == want and fields[4].isdigit():
-                    pids.append(int(fields[4]))
+                    out.append((int(fields[4]), fields[3]))
     except OSError:
         pass
-    return pids
+    return [(pid, kind) for pid, kind in out if pid != os.getpid()]
 
 
 def _describe(pid: int) -> str:
+    """pid N (its command line), since when it runs: who holds a lock, for the person waiting."""
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         cmd = ""
-    return f"pid {pid}" + (f" ({cmd[:120]})" if cmd else "")
+    since = ""
+    try:  # field 22 of /proc/PID/stat: start time in clock ticks after boot
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
+        boot = time.time() - float(Path("/proc/uptime").read_text().split()[0])
+        started = boot + ticks / os.sysconf("SC_CLK_TCK")
+        since = f", running since {datetime.fromtimestamp(started, timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+    except (OSError, ValueError, IndexError):
+        pass
+    return f"pid {pid}" + (f" ({cmd[:120]})" if cmd else "") + since
+
+
+# warmer takes the lock exclusively: a shared holder is not a restore (any process that could open
+# the file can take LOCK_SH), so it is waited on this long at most, not the whole lock timeout.
+FOREIGN_HOLDER_WAIT_S = 10.0
+LOCK_MODE = 0o600  # only the root's owner (and root) may open, and so lock, the lock file
 
 
 @contextmanager
-def locked(root: Path, timeout: float = DEFAULT_LOCK_TIMEOUT):
-    """Hold the lock beside root; RestoreError after timeout seconds, naming the holder."""
+def locked(root: Path, timeout: float = DEFAULT_LOCK_TIMEOUT, owner: tuple[int, int] | None = None,
+           deadline: Deadline | None = None):
+    """Hold the lock beside root; RestoreError after timeout seconds (FOREIGN_HOLDER_WAIT_S for a
+    shared holder, which is never a restore), naming the holder and since when it runs. owner:
+    the lock is handed to it, as the root is, so that its later fetches can lock it. deadline: a
+    fetch's; past it (or cancelled) DeadlineExceeded, whatever the timeout."""
     path = lock_path(root)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, LOCK_MODE)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise not_activated(root, f"the lock {path} is a symbolic link, which warmer never creates: "
@@ -204,35 +226,51 @@ def locked(root: Path, timeout: float = DEFAULT_LOCK_TIMEOUT):
         if not stat.S_ISREG(st.st_mode):
             raise not_activated(root, f"the lock {path} is not a regular file ({stat.filemode(st.st_mode)}): "
                                       "someone planted it; remove it")
-        if st.st_uid not in (os.geteuid(), 0):
+        allowed = {os.geteuid(), 0} | ({owner[0]} if owner else set())
+        if st.st_uid not in allowed:
             raise not_activated(root, f"the lock {path} belongs to uid {st.st_uid}, not to this user "
                                       f"({os.geteuid()}) or root: restore as its owner, or remove it")
-        deadline = time.monotonic() + timeout
-        delay = 0.01
-        said = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not said:  # a person watching a pod's log should know why nothing moves
-                    holders = ", ".join(_describe(p) for p in _holders(fd) if p != os.getpid()) or "another process"
-                    print(f"warmer: waiting up to {timeout:.0f} s for the lock {path}, held by {holders}",
-                          file=sys.stderr, flush=True)
-                    said = True
-                if time.monotonic() >= deadline:
-                    holders = ", ".join(_describe(p) for p in _holders(fd) if p != os.getpid()) or "an unknown process"
-                    raise not_activated(root, f"the lock {path} is still held after {timeout:.0f} s by {holders}; "
-                                              "another restore may be running (wait, or stop it), or a process "
-                                              "holds the lock file open: stop it, or remove the lock") from None
-                time.sleep(delay)  # polling the lock with a deadline (flock has no timeout)
-                delay = min(delay * 2, 0.5)
+        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != LOCK_MODE:
+            os.fchmod(fd, LOCK_MODE)  # a lock an older warmer made 0644: any user could take LOCK_SH on it
+        if owner and os.geteuid() == 0 and (st.st_uid, st.st_gid) != owner:
+            os.fchown(fd, *owner)
+        _wait_for(fd, root, path, timeout, deadline)
         try:
             yield
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _wait_for(fd: int, root: Path, path: Path, timeout: float, deadline: Deadline | None) -> None:
+    """Take the lock on fd, polling (flock has no timeout) until timeout, or FOREIGN_HOLDER_WAIT_S
+    while only shared holders (never a restore) hold it."""
+    began = time.monotonic()
+    delay, said = 0.01, False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            holders = _holders(fd)
+            shared = bool(holders) and all(kind == "READ" for _, kind in holders)
+            limit = min(timeout, FOREIGN_HOLDER_WAIT_S) if shared else timeout
+            who = ", ".join(_describe(p) for p, _ in holders) or "another process"
+            if not said:  # a person watching a pod's log should know why nothing moves
+                log.info("waiting up to %.0f s for the lock %s, held%s by %s", limit, path,
+                         " shared" if shared else "", who)
+                said = True
+            if deadline is not None and deadline.expired():
+                raise deadline.error(f"waiting for the lock {path}, held by {who}")
+            if time.monotonic() - began >= limit:
+                what = ("held shared (warmer takes it exclusively: this is not a restore)" if shared
+                        else "still held")
+                raise not_activated(root, f"the lock {path} is {what} after {limit:.0f} s by {who}; another "
+                                          "restore may be running (wait, or stop it), or a process holds the "
+                                          "lock file open: stop it, or remove the lock") from None
+            time.sleep(delay)  # polling the lock with a deadline (flock has no timeout)
+            delay = min(delay * 2, 0.5)
 
 
 # -- staging and activation -----------------------------------------------------------------------
@@ -267,21 +305,22 @@ def _activate(staging: Path, root: Path) -> None:
         os.rename(old, staging)
 
 
-def _ours(path: Path) -> bool:
-    """A real directory (not a link) owned by this user: something a restore of ours left."""
+def _ours(path: Path, owner: tuple[int, int] | None = None) -> bool:
+    """A real directory (not a link) owned by this user, or by the owner it hands roots to:
+    something a restore of ours left."""
     try:
         st = os.lstat(path)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+    return stat.S_ISDIR(st.st_mode) and (st.st_uid == os.geteuid() or bool(owner and st.st_uid == owner[0]))
 
 
-def _clean_leftovers(root: Path) -> None:
+def _clean_leftovers(root: Path, owner: tuple[int, int] | None = None) -> None:
     """Under the lock no other restore is running: staging dirs left behind are from crashes.
     Anything else by those names (a link, another user's directory) is left alone: never followed,
     never renamed into place."""
     for p in root.parent.glob(f".{root.name}.staging-*"):
-        if not _ours(p):
+        if not _ours(p, owner):
             continue
         if p.name.endswith(".old") and not os.path.lexists(root) and (p / MARKER).is_file():
             os.rename(p, root)
@@ -292,11 +331,64 @@ def _clean_leftovers(root: Path) -> None:
 def check_root(root: Path) -> Path:
     root = Path(os.path.abspath(root))
     if root.is_symlink():
-        raise RestoreError(f"root {root} is a symlink to {os.path.realpath(root)}: pass the real path "
-                           "(FlashInfer's ninja rebuilds what it finds through a link)")
+        raise UsageError(f"root {root} is a symlink to {os.path.realpath(root)}: pass the real path "
+                         "(FlashInfer's ninja rebuilds what it finds through a link)")
     if root.exists() and not root.is_dir():
-        raise RestoreError(f"root {root} exists and is not a directory")
+        raise UsageError(f"root {root} exists and is not a directory: choose a directory")
     return root
+
+
+# -- ownership: the serving user must write the root ------------------------------------------------
+
+def check_owner(owner: tuple[int, int] | None) -> None:
+    """An owner (uid, gid) this process can hand a root to: it must be root, or be that user."""
+    if owner is not None and os.geteuid() != 0 and owner != (os.geteuid(), os.getegid()):
+        raise UsageError(f"--owner {owner[0]}:{owner[1]} needs root (it changes the restored files' owner); this is "
+                         f"uid {os.geteuid()}: run the fetch as root, or as uid {owner[0]} without --owner")
+
+
+def _chown_tree(top: Path, owner: tuple[int, int]) -> None:
+    """Hand top and everything under it to owner; links are never followed (warmer creates none)."""
+    os.lchown(top, *owner)
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), *owner)
+
+
+def _writes_into(root: Path) -> list[Path]:
+    """The directories vLLM and torch write into under root, even on a full hit: the root and every
+    directory the cache env names (Inductor's locks, vLLM's modelinfos, TMPDIR's rendezvous file)."""
+    return [root, *dict.fromkeys(Path(p) for p in components.cache_env(root).values())]
+
+
+def unwritable(root: Path, owner: tuple[int, int] | None = None, dirs: list[Path] | None = None) -> str | None:
+    """Why the serving user (owner's uid, or this process) cannot write what vLLM writes into root
+    (dirs: _writes_into(root), when the caller has them); None when it can."""
+    for d in dirs or _writes_into(root):
+        try:
+            st = os.stat(d)
+        except FileNotFoundError:
+            return f"{d} does not exist"
+        except OSError as e:
+            return f"{d}: {e.strerror}"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{d} is not a directory"
+        if owner is None or owner[0] == os.geteuid():
+            ok = os.access(d, os.W_OK | os.X_OK)  # this user: its groups and ACLs count too
+        else:
+            uid, gid = owner
+            mode = st.st_mode
+            ok = (uid == 0 or (st.st_uid == uid and mode & 0o300 == 0o300)
+                  or (st.st_gid == gid and mode & 0o030 == 0o030) or mode & 0o003 == 0o003)
+        if not ok:
+            return f"{d} is owned by {st.st_uid}:{st.st_gid} with mode {stat.filemode(st.st_mode)}"
+    return None
+
+
+def ownership_fix(root: Path, uid: int) -> str:
+    """The commands that hand root to uid, for a message."""
+    return (f"Fix: fetch as root with `--owner {uid}:GID` (warmer hands the root over), or `chown -R {uid}:GID "
+            f"{root}` as root, or run the fetch as uid {uid} on a directory it owns (README, \"Ownership\")")
 
 
 def _replaceable(root: Path) -> str | None:
@@ -311,14 +403,20 @@ def _replaceable(root: Path) -> str | None:
             "them; pass --force if that is intended, or choose another root")
 
 
-def prepare(root: Path) -> None:
+def prepare(root: Path, owner: tuple[int, int] | None = None) -> str | None:
     """Mark root as warmer's and create every cache directory (a TMPDIR that does not exist is
-    silently replaced by /tmp)."""
+    silently replaced by /tmp); with owner (as root), hand what vLLM writes into to it. Returns
+    why the serving user (owner's uid, or this process) still cannot write it (unwritable)."""
     root.mkdir(parents=True, exist_ok=True)
     if not (root / MARKER).exists():
         (root / PREPARED).touch()
-    for path in components.cache_env(root).values():
-        Path(path).mkdir(parents=True, exist_ok=True)
+    dirs = _writes_into(root)
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+    if owner and os.geteuid() == 0:  # each directory from root down to every cache directory
+        for d in {p for d in dirs for p in (d, *d.parents) if p.is_relative_to(root)}:
+            os.lchown(d, *owner)
+    return unwritable(root, owner, dirs)
 
 
 def _os_error(e: OSError, root: Path) -> RestoreError:
@@ -351,23 +449,28 @@ class RestoreResult:
 def restore(art: Artifact, open_archive: Callable[[], ContextManager[BinaryIO]], root: Path, *,
             archive_sha256: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES, trusted_keys=(),
             signature: signing.Signature | None = None, force: bool = False,
-            lock_timeout: float = DEFAULT_LOCK_TIMEOUT, progress: bool = False) -> RestoreResult:
+            lock_timeout: float = DEFAULT_LOCK_TIMEOUT, owner: tuple[int, int] | None = None,
+            progress: bool = False, deadline: Deadline | None = None) -> RestoreResult:
     """Activate art in root; a no-op when it is already active and intact.
 
     open_archive opens the archive's bytes (a local file or a store's blob). The archive's own
     artifact.json must equal art, every file must match it, and, when given, the archive must
     hash to archive_sha256. Anything else leaves root as it was. signature (already verified by
-    the caller) is kept in the marker, so a later no-op can check it again.
+    the caller) is kept in the marker, so a later no-op can check it again. owner (uid, gid): the
+    new tree is handed to it before it is swapped in (this process must be root: check_owner).
     """
     root = check_root(root)
+    check_owner(owner)
     t0 = time.perf_counter()
     staging = root.parent / f".{root.name}.staging-{uuid.uuid4().hex[:12]}"
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
-        with locked(root, lock_timeout):
-            _clean_leftovers(root)
+        with locked(root, lock_timeout, owner, deadline):
+            _clean_leftovers(root, owner)
             marker = active(root, expect=art)
             if marker and marker.artifact.id == art.id and still_intact(marker, root, trusted_keys) is None:
+                if owner and os.geteuid() == 0 and os.lstat(root).st_uid != owner[0]:
+                    _chown_tree(root, owner)  # restored by root before: hand it over now
                 return RestoreResult("already-active", str(root), art.key, round(time.perf_counter() - t0, 3))
             why = None if force or marker else _replaceable(root)
             if why:
@@ -388,11 +491,15 @@ def restore(art: Artifact, open_archive: Callable[[], ContextManager[BinaryIO]],
                                 signature)
                 with atomic_write(staging / MARKER) as f:
                     f.writelines(done.pieces())
+                if owner and os.geteuid() == 0:
+                    _chown_tree(staging, owner)
                 _activate(staging, root)
             finally:
                 # After a swap this holds the previous root; after a failure, the partial extraction.
-                if _ours(staging):
+                if _ours(staging, owner):
                     shutil.rmtree(staging, ignore_errors=True)
+    except DeadlineExceeded:
+        raise  # the caller says it: a slow store, not a bad artifact
     except (archive.ArchiveError, ArtifactError, StoreError) as e:
         raise not_activated(root, str(e)) from e
     except OSError as e:
@@ -443,11 +550,11 @@ def _extract(art: Artifact, open_archive, staging: Path, archive_sha256: str | N
 def _files_of(art: Artifact, manifest: Iterator[memoryview]) -> archive.FileList:
     """art's files, once the archive's artifact.json (in pieces) is found to be art. Its canonical
     bytes are compared as they stream by, and neither side is held whole; another byte form of
-    the same artifact.json is parsed."""
+    the same artifact.json is parsed (_other_form)."""
     expect, at = _Cursor(art.canonical_pieces()), 0
     for piece in manifest:
         if expect.take(len(piece)) != piece:
-            rest = b"".join((art.canonical[:at], piece, *manifest))
+            rest = _other_form(art, at, piece, manifest)
             break
         at += len(piece)
     else:
@@ -456,6 +563,23 @@ def _files_of(art: Artifact, manifest: Iterator[memoryview]) -> archive.FileList
         raise archive.ArchiveError("the archive's artifact.json is not the one this restore "
                                    "was asked for (the store's index and blob disagree)")
     return art.files
+
+
+def _other_form(art: Artifact, at: int, piece: memoryview, rest: Iterator[memoryview]) -> bytes:
+    """An archive's artifact.json that left art's canonical bytes at `at` (with piece), whole, to be
+    parsed. Another form of the same one (indented) is longer by its whitespace: twice art's size
+    and 64 KiB more is room for that, and all a store writer without the key can make a node hold."""
+    most = 2 * art.canonical_size + (64 << 10)
+    parts, size = [art.canonical[:at], piece], at + len(piece)
+    while size <= most:
+        piece = next(rest, None)
+        if piece is None:
+            return b"".join(parts)
+        parts.append(piece)
+        size += len(piece)
+    raise archive.ArchiveError(f"the archive's artifact.json is more than twice the size of the one this "
+                               f"restore was asked for ({art.canonical_size} bytes; the store's index and blob "
+                               "disagree): refused")
 
 
 class _Cursor:
@@ -492,7 +616,8 @@ def read_artifact_file(path: Path) -> Artifact:
 
 def restore_file(path: Path, root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, trusted_keys=(),
                  signature: signing.Signature | None = None, force: bool = False,
-                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT, progress: bool = False) -> RestoreResult:
+                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT, owner: tuple[int, int] | None = None,
+                 progress: bool = False) -> RestoreResult:
     """Restore from a local artifact file (image builds, air-gapped nodes).
 
     With trusted_keys, the file must be signed by one of them (signature, or FILE.sig)."""
@@ -504,4 +629,4 @@ def restore_file(path: Path, root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, 
     except (archive.ArchiveError, ArtifactError, signing.SignatureError) as e:
         raise RestoreError(f"not activated: {path}: {e}") from e
     return restore(art, lambda: open(path, "rb"), root, max_bytes=max_bytes, trusted_keys=trusted_keys,
-                   signature=signature, force=force, lock_timeout=lock_timeout, progress=progress)
+                   signature=signature, force=force, lock_timeout=lock_timeout, owner=owner, progress=progress)

@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -28,9 +29,11 @@ def vllm_env(recipe: Recipe, root: Path, *, files=None, offline: bool = False,
     """The variables warmer sets for vLLM: caches under root, then the recipe's env.
 
     files: the artifact's FileList, when one is restored (cubins it holds are pointed at);
-    offline: forbid FlashInfer downloads (a cubin the warm-up never fetched is then an error
-    at serve time, not a download: only for nodes without network); added: what the build
-    added to the recipe's env (Artifact.serve_env)."""
+    offline (or the recipe's offline), with an artifact: forbid FlashInfer downloads (a cubin the
+    warm-up never fetched is then an error at serve time, not a download: only for nodes without
+    network). Without an artifact the ban is never set: a cold start must be free to fetch what
+    it needs, or a slow start becomes a failed one. added: what the build added to the recipe's
+    env (Artifact.serve_env)."""
     env = components.cache_env(root)
     # TMPDIR points under the root (for Inductor's precompiled headers), and vLLM's IPC sockets
     # would follow it: under a long root their paths overflow the 107-byte limit of a Unix
@@ -38,8 +41,8 @@ def vllm_env(recipe: Recipe, root: Path, *, files=None, offline: bool = False,
     env["VLLM_RPC_BASE_PATH"] = "/tmp"
     if files is not None:
         env.update(flashinfer.artifact_env(files, root))
-    if offline or recipe.offline:
-        env["FLASHINFER_NO_DOWNLOAD"] = "1"
+        if offline or recipe.offline:
+            env["FLASHINFER_NO_DOWNLOAD"] = "1"
     env.update(recipe.env)
     env.update(added or {})
     return EnvFile.of(env, f"{recipe.source}: env")
@@ -48,6 +51,12 @@ def vllm_env(recipe: Recipe, root: Path, *, files=None, offline: bool = False,
 def artifact_env(recipe: Recipe, root: Path, art, *, offline: bool = False) -> EnvFile:
     """vllm_env for an artifact restored in root (warmer.artifact.Artifact)."""
     return vllm_env(recipe, root, files=art.files, offline=offline, added=art.serve_env)
+
+
+def cold_root(recipe: Recipe, uid: int) -> Path:
+    """Where vLLM compiles from cold when the root is not writable by it: a directory of the serving
+    user's own in the temporary directory (vLLM and torch create what they need under it)."""
+    return Path(tempfile.gettempdir()) / f"warmer-cold-{recipe.name}-{uid}"
 
 
 def environ_for_vllm(recipe: Recipe, root: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -147,14 +156,24 @@ def plan(recipe: Recipe, root: Path, extra: list[str] = (), *, env_file: EnvFile
     """Serve exactly what was warmed: the recipe's command, the env for the artifact active in root
     (plus an env file's values on top), and the check of vLLM's own key in that final env."""
     marker = restore.active(root)
-    env = artifact_env(recipe, root, marker.artifact, offline=offline) if marker else vllm_env(recipe, root,
-                                                                                                  offline=offline)
+    warnings = []
+    problem = restore.unwritable(root)
+    if problem is not None:  # vLLM writes lock files into the root even on a full hit: it would crash
+        cold = cold_root(recipe, os.geteuid())
+        cold.mkdir(mode=0o700, parents=True, exist_ok=True)
+        restore.prepare(cold)
+        warnings.append(f"{root} is not writable by this user (uid {os.geteuid()}): {problem}; vLLM would crash on "
+                        f"its lock files there, so it starts cold in {cold}. "
+                        f"{restore.ownership_fix(root, os.geteuid())}")
+        root, marker = cold, None
+    env = artifact_env(recipe, root, marker.artifact, offline=offline) if marker else vllm_env(recipe, root)
     if env_file is not None:
         env = env.merged(env_file.vars)
     environ = {**(os.environ if base is None else base), **env.vars}
-    warnings = []
     differences: tuple = ()
-    if marker is None:
+    if problem is not None:
+        pass
+    elif marker is None:
         warnings.append(f"no warmed cache is active in {root}: vLLM compiles from cold (slow start); see why in "
                         "`warmer fetch`'s output (kubectl logs POD -c warmer-fetch), or run it first")
     else:

@@ -80,6 +80,13 @@ def _load(path: str | Path, private: bool):
     return key
 
 
+def check_public_keys(paths) -> None:
+    """Load every trusted key once, so that a key file the operator mistyped is a KeyFileError
+    (a usage error) before anything is fetched, not an artifact refused on every pod."""
+    for p in paths:
+        _load(p, private=False)
+
+
 def sign(manifest: bytes, private_key: str | Path) -> Signature:
     key = _load(private_key, private=True)
     return Signature(ALG, _key_id(key.public_key()), base64.b64encode(key.sign(manifest)).decode())

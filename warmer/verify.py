@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmer import components, flashinfer_jit, serving, warmup
+from warmer import components, flashinfer_jit, progress, serving, warmup
 from warmer.recipe import Recipe
 
 
@@ -87,13 +87,18 @@ class VerifyResult:
 
 
 def verify(recipe: Recipe, root: Path, workdir: Path, cold: dict | None = None, label: str = "verify",
-           extra_env: dict | None = None) -> VerifyResult:
-    """Run the engine on root once more and judge the hit; cold: the build's timings, if known."""
+           extra_env: dict | None = None, said_as: str = "verify") -> VerifyResult:
+    """Run the engine on root once more and judge the hit; cold: the build's timings, if known.
+    said_as: what the progress lines call this (build says "build: verify")."""
+    warmup.require_model(recipe)
     # Before the engine starts: afterwards ninja would have rebuilt what it found dirty.
-    ninja = flashinfer_jit.dry_run(root, serving.environ_for_vllm(recipe, root))
+    with progress.step(f"{said_as}: FlashInfer ninja dry run"):
+        ninja = flashinfer_jit.dry_run(root, serving.environ_for_vllm(recipe, root))
     before = snapshot(root)
-    run = warmup.run_engine(recipe, root, workdir, label, extra_env=extra_env)
-    files = delta(before, snapshot(root))
+    with progress.step(f"{said_as}: engine run on {root}", log_file=warmup.engine_log(workdir, label)) as s:
+        run = warmup.run_engine(recipe, root, workdir, label, extra_env=extra_env)
+        files = delta(before, snapshot(root))
+        s.done(f"{files.recompiled} recompiled file(s)")
     outside = tuple(u for u in run.uncovered if u["where"] == "home")
     events = run.log["events"]
     recompiles = {e: events[e] for e in warmup.RECOMPILE_EVENTS if events.get(e)}

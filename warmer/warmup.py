@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 from warmer import components, restore, serving, vllmkey
-from warmer.errors import WarmerError
+from warmer.errors import UsageError, WarmerError
 from warmer.recipe import Recipe
 
 
@@ -202,14 +202,33 @@ class EngineRun:
                                vllmkey.cache_dirs(files))
 
 
+def engine_log(workdir: Path, label: str) -> Path:
+    """Where run_engine(..., label) writes the engine's output."""
+    return workdir / f"{label}.log"
+
+
+def require_model(recipe: Recipe) -> None:
+    """A served model path that is not on this machine, refused before an engine starts: vLLM would
+    take it for a hub id and fail with a traceback after seconds of start-up."""
+    if os.path.isabs(recipe.model) and not os.path.exists(recipe.model):
+        fetch = (f" (e.g. `huggingface-cli download {recipe.model_id}"
+                 f"{' --revision ' + recipe.revision if recipe.revision else ''} --local-dir {recipe.model}`)"
+                 if recipe.model_id else "")
+        raise UsageError(f"the model path {recipe.model} (model.path in {recipe.source}) does not exist on this "
+                         f"machine: put the model's files there{fetch}, or fix model.path (the path nodes serve "
+                         "it from: vLLM keys its compile cache on it)")
+
+
 def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_env: dict | None = None) -> EngineRun:
     """Start vLLM on root in a fresh process, run the workload, and return what was measured.
 
     The child gets its own process group, killed whole when the run ends or this process is
     stopped (SIGTERM arrives as errors.Terminated, which passes through the finally below)."""
+    require_model(recipe)
     restore.prepare(root)
     workdir.mkdir(parents=True, exist_ok=True)
-    spec_path, result_path, log_path = (workdir / f"{label}.{ext}" for ext in ("spec.json", "result.json", "log"))
+    spec_path, result_path = (workdir / f"{label}.{ext}" for ext in ("spec.json", "result.json"))
+    log_path = engine_log(workdir, label)
     sandbox = workdir / f"{label}.home"
     shutil.rmtree(sandbox, ignore_errors=True)
     sandbox.mkdir()

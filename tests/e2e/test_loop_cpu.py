@@ -6,6 +6,7 @@ Each engine start takes tens of seconds on a 2-core machine; these tests take mi
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -85,22 +86,27 @@ def _call(uds: str, method: str, url: str, body: dict | None = None, timeout: fl
 
 
 def served(recipe_file, root, env_file, tiny_model, tmp_path, *, extra_env: dict | None = None,
-           label: str = "serve") -> dict:
+           label: str = "serve", as_user: list[str] = ()) -> dict:
     """Serve from root the way production does: `warmer serve`, which execs vLLM's OpenAI API server
-    (not LLM(), which warms) with the recipe's engine args as flags and the env fetch wrote; send the
-    recipe's prompt lengths, stop it. Returns what its log says, which cache files it wrote, and the
-    compile-cache folders and kernel binaries that appeared (vLLM's key and what it compiled)."""
+    (not LLM(), which warms) with the recipe's engine args as flags and the env fetch wrote (none:
+    env_file None); send the recipe's prompt lengths, stop it. as_user: a command that runs it as
+    another user (setpriv ...). Returns what its log says (and its text), which cache files it
+    wrote, and the compile-cache folders and kernel binaries that appeared (vLLM's key and what it
+    compiled)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WARMER_TINY_MODEL", str(tiny_model))
         recipe = recipes.load(recipe_file)
     env = {**os.environ, "WARMER_TINY_MODEL": str(tiny_model), "VLLM_NO_USAGE_STATS": "1", **(extra_env or {})}
-    uds = os.path.join(tempfile.mkdtemp(dir="/tmp", prefix="w-"), "api.sock")  # under 107 bytes
+    uds_dir = tempfile.mkdtemp(dir="/tmp", prefix="w-")
+    if as_user:
+        os.chmod(uds_dir, 0o777)  # the serving user's socket goes there
+    uds = os.path.join(uds_dir, "api.sock")  # under 107 bytes
     before = verify.snapshot(root)
     log_path = tmp_path / f"{label}.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "warmer", "serve", str(recipe_file), "--root", str(root),
-                                 "--env-file", str(env_file), "--", "--uds", uds], env=env, cwd=REPO, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([*as_user, sys.executable, "-m", "warmer", "serve", str(recipe_file), "--root",
+                                 str(root), *(["--env-file", str(env_file)] if env_file else []), "--", "--uds", uds],
+                                env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 600
         while True:  # readiness: /health answers 200 once the engine is up
@@ -128,7 +134,8 @@ def served(recipe_file, root, env_file, tiny_model, tmp_path, *, extra_env: dict
                 pass
     after = verify.snapshot(root)
     new = [p for p in after if p not in before]
-    return {"log": warmup.parse_log(log_path.read_text(errors="replace")),
+    text = log_path.read_text(errors="replace")
+    return {"log": warmup.parse_log(text), "text": text,
             "files": verify.delta(before, after).to_json(),
             "new_kernels": [p for p in new if p.endswith((".so", ".cpp"))],
             "aot_dirs": sorted({p.split("/")[3] for p in after if p.startswith(AOT_DIR)})}
@@ -171,6 +178,16 @@ def test_build_fetch_verify_with_zero_recompiled_files(tmp_path, tiny_model, s3_
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(node_root / "inductor")
 
     verified(node_root, tmp_path, tiny_model, built)
+    # A person at a terminal sees each step start and end, with the engine's log (not with --json).
+    assert "engine run" not in out.stderr and "warmer: verify:" not in out.stderr
+    seen = warmer("verify", TINY, "--root", node_root, "--workdir", tmp_path / "work-seen", model=tiny_model)
+    steps = [ln for ln in seen.stderr.splitlines() if ln.startswith("warmer: verify: ")]
+    log = tmp_path / "work-seen" / "verify.log"
+    assert steps[0] == "warmer: verify: FlashInfer ninja dry run ...", seen.stderr
+    assert f"warmer: verify: engine run on {node_root} ... (log {log})" in steps, seen.stderr
+    assert [ln for ln in steps if re.fullmatch(rf"warmer: verify: engine run on {re.escape(str(node_root))} done in "
+                                               rf"\d+\.\d s: 0 recompiled file\(s\) \(log {re.escape(str(log))}\)", ln)]
+    assert "verdict: hit" in seen.stdout
 
     # Production serves through `warmer serve` (vLLM's API server, not LLM()): with the recipe's engine
     # args as flags, what LLM() compiled is what the server looks up.

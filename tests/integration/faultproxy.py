@@ -31,8 +31,11 @@ ERRORS = {"503": (503, "Slow Down", "SlowDown", "Please reduce your request rate
 #   truncate      forward; send the true headers and half the body, then drop the connection
 #   short         forward; send half the body with a Content-Length that matches it
 #   corrupt       forward; flip one byte in the middle of the body
-ACTIONS = {"503", "500", "reset", "reset-after", "truncate", "short", "corrupt"}
-BODY_ACTIONS = {"reset-after", "truncate", "short", "corrupt"}  # need the whole answer first
+#   stall         take the request and never answer (the connection stays open until the proxy closes)
+#   trickle       forward; send the true headers, then the body TRICKLE bytes at a time, TRICKLE_S apart
+ACTIONS = {"503", "500", "reset", "reset-after", "truncate", "short", "corrupt", "stall", "trickle"}
+BODY_ACTIONS = {"reset-after", "truncate", "short", "corrupt", "trickle"}  # need the whole answer first
+TRICKLE, TRICKLE_S = 4, 0.25  # 16 bytes a second: a store that never times out a read and never ends
 CHUNK = 256 << 10
 
 
@@ -87,6 +90,7 @@ class FaultProxy:
 
     def __post_init__(self):
         self._lock = threading.Lock()
+        self._closed = threading.Event()
         self._throttle = Throttle(self.rate) if self.rate else None
         proxy = self
 
@@ -105,6 +109,7 @@ class FaultProxy:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def close(self) -> None:
+        self._closed.set()  # stalled and trickling answers end
         self._server.shutdown()
         self._server.server_close()
 
@@ -149,6 +154,9 @@ class FaultProxy:
             action = self._decide(Request(method, target, lower))
             if action == "reset":
                 return _reset(sock)
+            if action == "stall":
+                self._closed.wait()  # the server's answer never comes
+                return _reset(sock)
             if action in ERRORS:
                 status, reason, code, message = ERRORS[action]
                 data = b"" if method == "HEAD" else ERROR_BODY.format(code=code, message=message).encode()
@@ -179,6 +187,16 @@ class FaultProxy:
                 sock.sendall(head.encode())
                 self._send(sock, data[: len(data) // 2])
                 return _reset(sock)
+            if action == "trickle":
+                sock.sendall(head.encode())
+                view = memoryview(data)
+                while view and not self._closed.wait(TRICKLE_S):  # the pace itself: a timer, not a sync
+                    try:
+                        sock.sendall(view[:TRICKLE])
+                    except OSError:  # the client gave up
+                        return
+                    view = view[TRICKLE:]
+                continue
             sock.sendall(head.encode())
             self._send(sock, data)
 

@@ -128,6 +128,28 @@ def test_a_blob_no_entry_names_is_deleted_only_after_the_grace(store, tmp_path):
     assert orphan not in {b.sha256 for b in store.list_blobs()} and len(store.list_blobs()) == 1
 
 
+def test_ls_and_gc_dry_run_show_orphan_blobs(store, tmp_path):
+    # An upload in flight, or a publish killed between its blob and its entry, leaves this.
+    entry = publish(store, tmp_path, "tiny", None, 0)
+    orphan, size = put_blob(store, tmp_path)
+    listing = catalog.ls(store)
+    assert [b.sha256 for b in listing.orphans] == [orphan] and listing.orphans[0].size == size
+    assert f"1 orphan blob(s), {size / 1e6:.1f} MB that no index entry names" in report.ls(listing)
+    assert {"orphan_blob": orphan, "bytes": size}.items() <= listing.to_json()[-1].items()
+    assert catalog.ls(store, "tiny").orphans is None  # one recipe's entries cannot say which blobs are orphans
+    assert [r.key for r in catalog.ls(store, "tiny").rows] == [entry.key]
+
+    young = catalog.gc(store, 1, dry_run=True)
+    assert young.orphans_deleted == () and [b.sha256 for b in young.orphans_kept] == [orphan]
+    text = report.gc(young)
+    assert f"kept: orphan blob {orphan[:16]}" in text and "younger than 6 h" in text
+    later = datetime.now(timezone.utc) + catalog.ORPHAN_GRACE + timedelta(minutes=5)
+    old = catalog.gc(store, 1, dry_run=True, now=later)
+    assert [b.sha256 for b in old.orphans_deleted] == [orphan] and old.orphans_kept == ()
+    assert f"would delete: orphan blob {orphan[:16]}" in report.gc(old)
+    assert old.deleted_blobs == (orphan,) and orphan in {b.sha256 for b in store.list_blobs()}  # a dry run
+
+
 def test_gc_refuses_what_it_cannot_do_safely(store, tmp_path):
     publish(store, tmp_path, "tiny", None, 3)
     with pytest.raises(UsageError, match="keep at least 1"):

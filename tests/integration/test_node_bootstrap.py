@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, run_warmer
+from tests.conftest import REPO, run_warmer, time_cap
 from warmer import build, restore
 from warmer.recipe import parse
 from warmer.store import open_store
@@ -92,6 +92,36 @@ def test_a_miss_among_them_is_a_slow_start_unless_required(fleet, tmp_path):
     out = run_warmer(*args)
     assert out.returncode == 0 and "delta: miss" in out.stderr and "alpha: hit" in out.stderr
     assert run_warmer(*args, "--require").returncode == 3
+
+
+def test_one_bad_recipe_file_never_stops_the_others(fleet, tmp_path):
+    """On a DaemonSet, a broken file in the recipes' ConfigMap must not turn every recipe cold."""
+    manifests, store = fleet
+    models = manifests / "models"
+    (models / "broken.toml").write_text("name = [unclosed\n")                       # invalid TOML
+    (tmp_path / "outside.toml").write_text(_recipe_text("outside", ["cpu-x86_64"]))
+    (models / "elsewhere.toml").symlink_to(tmp_path / "outside.toml")                 # a link out of the directory
+    with open(models / "huge.toml", "wb") as f:                                       # 100 MB (sparse)
+        f.truncate(100 << 20)
+    (models / "escape.toml").write_text(_recipe_text("../x", ["cpu-x86_64"]))         # a name that is a path
+    os.mkfifo(models / "fifo.toml")                                                   # would hang a reader
+    # A ConfigMap volume's files are links into its own ..data directory: those are fine.
+    (models / "..2026_12_04").mkdir()
+    (models / "..2026_12_04" / "delta.toml").write_text(_recipe_text("delta", ["cpu-x86_64"]))
+    (models / "delta.toml").symlink_to("..2026_12_04/delta.toml")
+    base, metrics = tmp_path / "cache", tmp_path / "warmer.prom"
+    with time_cap(120):
+        out = run_warmer("fetch", "--all", manifests, "--store", store, "--root-base", base, "--metrics-file",
+                         metrics, "--json")
+    assert out.returncode == 2, out.stderr  # the others were fetched; the bad files are the operator's to fix
+    got = {o["recipe"]: o["status"] for o in json.loads(out.stdout)}
+    bad = ("broken", "elsewhere", "huge", "escape", "fifo")
+    assert got == {"alpha": "hit", "beta": "hit", "gamma": "skipped", "delta": "miss", **dict.fromkeys(bad, "bad-recipe")}
+    lines = [ln for ln in out.stderr.splitlines() if ": bad-recipe, not fetched: " in ln]
+    assert len(lines) == len(bad) and any("outside" in ln and "refused" in ln for ln in lines), lines
+    prom = _prom(metrics.read_text())
+    assert all(prom[f'warmer_fetch_status{{recipe="{name}",status="bad-recipe"}}'] == 1 for name in bad)
+    assert prom['warmer_fetch_status{recipe="alpha",status="hit"}'] == 1
 
 
 def _exec_start(unit: Path) -> list[str]:

@@ -520,7 +520,7 @@ def test_errors_name_the_fix(oci_registry, oci_env, artifact, tmp_path):
     assert run_warmer(*args, "--require", env={**os.environ, "WARMER_OCI_MAX_ATTEMPTS": "2"}).returncode == 3
 
     for bad in ("oci://127.0.0.1:5000", "oci://127.0.0.1:5000/Upper/case", "oci://host/repo:tag"):
-        with pytest.raises(StoreError, match="is not oci://REGISTRY/REPOSITORY"):
+        with pytest.raises(UsageError, match="is not oci://REGISTRY/REPOSITORY"):  # the operator's: exit 2
             open_store(bad)
     with pytest.raises(UsageError, match="--endpoint-url and --s3-path-style apply to s3:// stores"):
         open_store("oci://127.0.0.1:5000/x", endpoint_url="http://x")
@@ -580,7 +580,7 @@ def test_the_k8s_oci_variant_fetches_with_the_image_pull_secret(oci_htpasswd_reg
     path = REPO / "manifests" / "k8s" / "vllm-deployment-oci.yaml"
     [deployment] = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "Deployment"]
     spec = deployment["spec"]["template"]["spec"]
-    [init] = spec["initContainers"]
+    [init] = [c for c in spec["initContainers"] if c["name"] == "warmer-fetch-oci"]
     env = container_env(init)
     assert env["WARMER_STORE"].startswith("oci://")
     secret_volume = next(v for v in spec["volumes"] if "secret" in v)
@@ -609,7 +609,8 @@ def test_the_k8s_oci_variant_fetches_with_the_image_pull_secret(oci_htpasswd_reg
 
     def local(text: str) -> str:
         for m in sorted(mounts, key=len, reverse=True):
-            text = text.replace(m + "/", f"{mounts[m]}/") if text != m else str(mounts[m])
+            if text == m or text.startswith(m + "/"):
+                return str(mounts[m]) + text[len(m):]
         return text
 
     argv = [local(a) for a in command_of(init, WARMER_STORE=url, WARMER_RECIPE="tiny")]

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import REPO, tiny_recipe
 from tests.fixtures import nodes
-from warmer import components, doctor, mounts, restore, serving
+from warmer import components, doctor, mounts, report, restore, serving
 from warmer.envfile import EnvFile
 
 SAMPLES = REPO / "tests" / "fixtures" / "mountinfo"
@@ -248,6 +248,20 @@ def test_root_without_an_artifact_says_where_to_look(tmp_path):
     assert f.severity == "warning" and "kubectl logs" in f.fix and "warmer-fetch" in f.fix
 
 
+def test_the_report_keeps_each_name_apart_from_its_value_and_never_says_none(active_root):
+    # Nothing points into the root: every cache var is unset, so the findings quote unset values.
+    result = doctor.diagnose(dict(POD_ENV), sample("overlay-root"), root=active_root)
+    text = report.doctor(result)
+    assert "None" not in text and "VLLM_CACHE_ROOT is unset, not " in text, text
+    lines = text.splitlines()
+    assert lines[1].split() == ["VARIABLE", "PATH", "FILESYSTEM"]
+    longest = max(len(row["var"]) for row in result.locations)
+    for row in result.locations:
+        [line] = [ln for ln in lines if ln.startswith(f"  {row['var']} ")]
+        # every value starts in the same column, two spaces past the longest name
+        assert line[2 + longest:4 + longest] == "  " and line[4 + longest:].startswith(row["path"]), line
+
+
 # --- the command line ----------------------------------------------------------------------
 
 def _doctor_cli(tmp_path, mountinfo: str, env_file_env: dict, *extra) -> subprocess.CompletedProcess:
@@ -267,7 +281,7 @@ def test_cli_exits_non_zero_only_with_errors(tmp_path):
 
     good = _doctor_cli(tmp_path, "hostpath", components.cache_env(Path(ROOT)))
     assert good.returncode == 0, good.stdout + good.stderr
-    assert "0 error(s)" in good.stdout and "[disk: ext4 on /cache]" in good.stdout
+    assert "0 error(s)" in good.stdout and "disk: ext4 on /cache" in good.stdout
 
     warn = _doctor_cli(tmp_path, "emptydir", components.cache_env(Path(ROOT)))
     assert warn.returncode == 0 and "WARNING" in warn.stdout and "fix:" in warn.stdout

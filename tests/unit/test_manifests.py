@@ -167,7 +167,9 @@ def test_github_workflow_runs_matrix_then_build_per_sku():
     assert build["runs-on"] == "${{ matrix.runs_on }}" and build["container"]["image"] == "${{ matrix.image }}"
     (step,) = [s for s in build["steps"] if "warmer build" in s.get("run", "")]
     argv = shlex.split(step["run"].replace("\\\n", " "))
-    assert argv[argv.index("--root") + 1] == "${{ matrix.root }}"
+    # Matrix values reach the script through env (a value spliced into its text would be code).
+    root = argv[argv.index("--root") + 1]
+    assert root.startswith("$") and step["env"][root.lstrip("$")] == "${{ matrix.root }}"
     assert argv[argv.index("--step-summary") + 1] == "$GITHUB_STEP_SUMMARY"
     assert argv[argv.index("--store") + 1] == "$WARMER_STORE" and wf["env"]["WARMER_STORE"].startswith("s3://")
     # Every matrix field the workflow reads is one `warmer matrix` writes.
@@ -296,3 +298,248 @@ def test_skus_and_recipes_in_manifests_agree():
     for f in sorted((MANIFESTS / "models").glob("*.toml")):
         for t in tomllib.loads(f.read_text()).get("targets", []):
             assert t in SKUS, f"{f.name} targets {t}, missing from skus.toml"
+
+
+def test_dockerfile_baked_stages_hand_the_root_to_the_user_vllm_runs_as():
+    """The baked stages restore as root at image build: --owner hands the restored root to vLLM's
+    user, and the image then runs as that user, the pods' runAsUser."""
+    ins = _dockerfile_instructions()
+    args = dict(rest.split("=", 1) for op, rest in ins if op == "ARG" and "=" in rest)
+    owner = '--owner "${VLLM_UID}:${VLLM_GID}"'
+    runs = [rest for op, rest in ins if op == "RUN"]
+    (fetch,) = [r for r in runs if "warmer fetch" in r]
+    (restore_run,) = [r for r in runs if "warmer restore" in r]
+    assert owner in fetch and owner in restore_run
+    stages: dict[str, list] = {"": []}  # "": the global ARGs before the first FROM
+    current = stages[""]
+    for op, rest in ins:
+        if op == "FROM":
+            current = stages.setdefault(rest.split()[-1], [])
+        current.append((op, rest))
+    for name in ("baked", "baked-from-file"):
+        users = [rest for op, rest in stages[name] if op == "USER"]
+        assert users == ["${VLLM_UID}:${VLLM_GID}"], name
+        assert {("ARG", "VLLM_UID"), ("ARG", "VLLM_GID")} <= set(stages[name])  # global ARGs, brought in
+    deployment, _ = init_container()
+    sec = pod_spec(deployment)["securityContext"]
+    assert (int(args["VLLM_UID"]), int(args["VLLM_GID"])) == (sec["runAsUser"], sec["runAsGroup"])
+
+
+# --- ownership: the serving process owns what it writes (DESIGN rule 10) -----------------------
+
+def _writable_hostpaths(ps: dict, c: dict) -> dict[str, str]:
+    """{mountPath: volume name} of the hostPath volumes a container mounts writable."""
+    volumes = {v["name"]: v for v in ps.get("volumes", [])}
+    return {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])
+            if "hostPath" in volumes[m["name"]] and not m.get("readOnly")}
+
+
+@pytest.mark.parametrize("path,doc", [x for x in WORKLOADS if x[1]["kind"] != "Job"],
+                         ids=lambda x: getattr(x, "name", None) or x["kind"])
+def test_a_hostpath_cache_is_handed_to_the_pods_user_by_one_chown(path, doc):
+    """warmer and vLLM run as the pod's non-root user; a hostPath the kubelet creates is root's
+    (0755), so a first init container, cache-owner, hands each writable hostPath mount point to
+    that user: root with CHOWN alone, one non-recursive chown, nothing else."""
+    ps = pod_spec(doc)
+    sec = ps["securityContext"]
+    uid, gid = sec["runAsUser"], sec["runAsGroup"]
+    assert sec["runAsNonRoot"] is True and uid != 0 and gid != 0
+    inits, containers = ps.get("initContainers", []), ps["containers"]
+    others = [c for c in inits + containers if c["name"] != "cache-owner"]
+    writable = {p: v for c in others for p, v in _writable_hostpaths(ps, c).items()}
+    assert writable, "a hostPath cache is what these manifests ship"
+    owner = inits[0]
+    assert owner["name"] == "cache-owner", [c["name"] for c in inits]
+    argv = owner["command"] + owner.get("args", [])
+    assert argv[:2] == ["chown", f"{uid}:{gid}"] and "-R" not in argv and "--recursive" not in argv
+    assert sorted(argv[2:]) == sorted(writable), (argv, writable)
+    assert {m["mountPath"]: m["name"] for m in owner["volumeMounts"]} == writable
+    cs = owner["securityContext"]
+    assert cs["runAsUser"] == 0 and cs["runAsNonRoot"] is False
+    assert cs["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert cs["allowPrivilegeEscalation"] is False and cs["readOnlyRootFilesystem"] is True
+    assert {"cpu", "memory"} <= set(owner["resources"]["requests"]) <= set(owner["resources"]["limits"])
+    # Everything else runs as the pod's user: no other container overrides it.
+    for c in others:
+        cs = c.get("securityContext", {})
+        assert cs.get("runAsUser", uid) == uid and cs.get("runAsGroup", gid) == gid, c["name"]
+        assert "add" not in cs.get("capabilities", {}), c["name"]
+
+
+# --- Pod Security Standards: the Job is "restricted"; the pods differ only by their hostPaths ----
+
+# The capabilities "baseline" lets a container add; "restricted" lets it add NET_BIND_SERVICE only.
+_BASELINE_CAPS = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
+                  "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+_RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                       "projected", "secret"}
+
+
+def pod_security_violations(ps: dict) -> list[str]:
+    """What the Pod Security admission's "restricted" profile refuses in a pod spec
+    (kubernetes.io/docs/concepts/security/pod-security-standards, both the baseline and the
+    restricted controls), one line per violation."""
+    out = []
+    for k in ("hostNetwork", "hostPID", "hostIPC"):
+        if ps.get(k):
+            out.append(f"pod: {k}")
+    pod_sec = ps.get("securityContext", {})
+    for v in ps.get("volumes", []):
+        kind = (set(v) - {"name"}).pop()
+        if kind not in _RESTRICTED_VOLUMES:
+            out.append(f"volume {v['name']}: {kind}")
+    if pod_sec.get("seccompProfile", {}).get("type") == "Unconfined":
+        out.append("pod: seccomp Unconfined")
+    for c in ps.get("initContainers", []) + ps["containers"]:
+        cs, n = c.get("securityContext", {}), c["name"]
+        if cs.get("privileged"):
+            out.append(f"{n}: privileged")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            out.append(f"{n}: hostPort")
+        if cs.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{n}: allowPrivilegeEscalation")
+        if cs.get("runAsNonRoot", pod_sec.get("runAsNonRoot")) is not True:
+            out.append(f"{n}: runAsNonRoot")
+        if cs.get("runAsUser", pod_sec.get("runAsUser")) == 0:
+            out.append(f"{n}: runAsUser 0")
+        seccomp = cs.get("seccompProfile", pod_sec.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{n}: seccompProfile {seccomp}")
+        caps = cs.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            out.append(f"{n}: capabilities not dropped")
+        for cap in caps.get("add", []):
+            if cap != "NET_BIND_SERVICE":
+                out.append(f"{n}: adds {cap}" + ("" if cap in _BASELINE_CAPS else " (beyond baseline)"))
+    return out
+
+
+def test_the_build_job_passes_pod_security_restricted():
+    (path, job), = of_kind("Job")
+    assert pod_security_violations(pod_spec(job)) == []
+
+
+@pytest.mark.parametrize("path,doc", [x for x in WORKLOADS if x[1]["kind"] != "Job"],
+                         ids=lambda x: getattr(x, "name", None) or x["kind"])
+def test_pods_break_restricted_only_by_their_hostpaths_and_cache_owner(path, doc):
+    """A hostPath needs a "privileged" namespace (baseline refuses it too); beyond the hostPath
+    volumes themselves and cache-owner's root with CHOWN, every container is "restricted"."""
+    ps = pod_spec(doc)
+    hostpaths = {f"volume {v['name']}: hostPath" for v in ps["volumes"] if "hostPath" in v}
+    owner = {"cache-owner: runAsNonRoot", "cache-owner: runAsUser 0", "cache-owner: adds CHOWN"}
+    assert set(pod_security_violations(ps)) <= hostpaths | owner
+    assert pod_security_violations({"containers": [{"name": "c"}]}) == [
+        "c: allowPrivilegeEscalation", "c: runAsNonRoot", "c: seccompProfile None", "c: capabilities not dropped"]
+
+
+def test_every_declared_volume_is_mounted():
+    """A volume no container mounts is a mistake waiting to happen (the OCI Deployment once declared
+    the `tmp` its read-only init container needed, and never mounted it)."""
+    for path, doc in WORKLOADS:
+        ps = pod_spec(doc)
+        mounted = {m["name"] for c in ps.get("initContainers", []) + ps["containers"] for m in c.get("volumeMounts", [])}
+        assert {v["name"] for v in ps["volumes"]} <= mounted, (path.name, {v["name"] for v in ps["volumes"]} - mounted)
+        for c in ps.get("initContainers", []) + ps["containers"]:
+            if c.get("securityContext", {}).get("readOnlyRootFilesystem") and c["name"] != "cache-owner":
+                assert "/tmp" in {m["mountPath"] for m in c["volumeMounts"]}, (path.name, c["name"])
+
+
+# --- time is bounded (DESIGN rule 9) ------------------------------------------------------------
+
+def _deadline(c: dict) -> int:
+    value = container_env(c).get("WARMER_DEADLINE")
+    assert value is not None, f"{c['name']} sets no WARMER_DEADLINE: a stalled store must not hold it"
+    return int(value)
+
+
+def test_every_fetch_has_its_deadline_and_every_build_a_timeout():
+    # The init containers: below the vLLM container's startup window, which a cold start must fit.
+    for path, d in of_kind("Deployment"):
+        ps = pod_spec(d)
+        (vllm,) = [c for c in ps["containers"] if c["name"] == "vllm"]
+        probe = vllm["startupProbe"]
+        for c in ps["initContainers"]:
+            if c["name"].startswith("warmer-fetch"):
+                assert 0 < _deadline(c) <= 600 < probe["periodSeconds"] * probe["failureThreshold"], path.name
+    # The prefetch rounds: each ends before the next is due.
+    (path, ds), = of_kind("DaemonSet")
+    (prefetch,) = pod_spec(ds)["containers"]
+    sleep = int(re.search(r"\bsleep (\d+)", prefetch["args"][0]).group(1))
+    assert 0 < _deadline(prefetch) < sleep
+    # The systemd unit: within its start timeout, and the timer's period.
+    unit = (MANIFESTS / "node" / "warmer-prefetch.service").read_text()
+    deadline = int(re.search(r"^Environment=WARMER_DEADLINE=(\d+)$", unit, re.M).group(1))
+    timeout = re.search(r"^TimeoutStartSec=(\d+)h$", unit, re.M)
+    assert 0 < deadline < int(timeout.group(1)) * 3600
+    # The build Job and every workflow job end on their own.
+    (path, job), = of_kind("Job")
+    assert job["spec"]["activeDeadlineSeconds"] > 0
+    (wf_path,) = [p for p in YAMLS if p.parent.name == "ci" and "jobs" in docs(p)[0]]
+    for name, j in docs(wf_path)[0]["jobs"].items():
+        assert 0 < j.get("timeout-minutes", 0) <= 120, f"{name} has no timeout-minutes"
+
+
+def test_the_timer_is_boot_relative_without_persistent():
+    """Persistent= catches up missed OnCalendar= runs only: beside OnBootSec=/OnUnitActiveSec= it
+    does nothing, and says something false."""
+    timer = (MANIFESTS / "node" / "warmer-prefetch.timer").read_text()
+    keys = {line.split("=", 1)[0] for line in timer.splitlines() if "=" in line and not line.startswith("#")}
+    assert {"OnBootSec", "OnUnitActiveSec"} <= keys
+    assert "Persistent" not in keys or "OnCalendar" in keys
+
+
+# --- the systemd unit: vLLM's user, one privileged line, the path CI built at -------------------
+
+def _unit(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith(("#", ";")):
+            k, v = line.split("=", 1)
+            out.setdefault(k.strip(), []).append(v.strip())
+    return out
+
+
+def test_the_unit_runs_as_vllms_user_with_one_privileged_line():
+    unit = _unit((MANIFESTS / "node" / "warmer-prefetch.service").read_text())
+    user, group = unit["User"][0], unit["Group"][0]
+    assert user not in ("root", "0") and group not in ("root", "0")
+    (pre,) = unit["ExecStartPre"]
+    # `+`: this line alone runs with full privileges; it makes the writable paths that user's.
+    argv = shlex.split(pre)
+    assert argv[:6] == ["+/usr/bin/install", "-d", "-o", user, "-g", user if group == user else group]
+    writable = unit["ReadWritePaths"][0].split()
+    assert argv[-len(writable):] == writable and "/cache" in writable
+    assert all(not line.startswith(("+", "!")) for line in unit["ExecStart"])
+    (start,) = unit["ExecStart"]
+    fetch = shlex.split(start)
+    assert fetch[1:3] == ["fetch", "--all"] and fetch[fetch.index("--root-base") + 1] == matrix.DEFAULT_ROOT_BASE
+    metrics = fetch[fetch.index("--metrics-file") + 1]
+    assert str(Path(metrics).parent) in writable
+    assert unit["ProtectSystem"] == ["strict"] and unit["NoNewPrivileges"] == ["yes"]
+    # NVML reads the GPUs' device nodes, and the store is across the network.
+    assert "PrivateDevices" not in unit and "PrivateNetwork" not in unit and "IPAddressDeny" not in unit
+
+
+# --- cloud-init: the units it writes are the shipped ones, byte for byte -------------------------
+
+def _cloud_init() -> dict:
+    text = (MANIFESTS / "node" / "cloud-init.yaml").read_text()
+    assert text.startswith("#cloud-config\n")
+    return yaml.safe_load(text)
+
+
+def test_cloud_init_embeds_the_shipped_units_and_downloads_nothing_unpinned():
+    ci = _cloud_init()
+    files = {f["path"]: f for f in ci["write_files"]}
+    for name in ("warmer-prefetch.service", "warmer-prefetch.timer"):
+        assert files[f"/etc/systemd/system/{name}"]["content"] == (MANIFESTS / "node" / name).read_text(), name
+    (script,) = [f for f in files.values() if f["content"] == (MANIFESTS / "node" / "install-warmer.sh").read_text()]
+    assert script["permissions"] == "0755"
+    commands = [c if isinstance(c, list) else shlex.split(c) for c in ci["runcmd"]]
+    assert not [c for c in commands if {"curl", "wget"} & set(c)], "the units come embedded, not downloaded"
+    (install,) = [c for c in commands if script["path"] in c]
+    env = dict(a.split("=", 1) for a in install if "=" in a)
+    assert re.fullmatch(r"[0-9a-f]{64}", env["WARMER_WHEEL_SHA256"])
+    assert env["WARMER_WHEEL_URL"].endswith(".whl")
+    assert ["systemctl", "start", "warmer-prefetch.service"] in commands
+    assert commands.index(install) < commands.index(["systemctl", "start", "warmer-prefetch.service"])

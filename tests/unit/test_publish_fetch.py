@@ -8,6 +8,7 @@ import pytest
 
 from tests.conftest import publish_at_once, run_warmer, tiny_recipe, write_tiny_recipe
 from warmer import build, fetch, restore
+from warmer.errors import UsageError
 from warmer.store import open_store
 
 def _recipe_file(tmp_path, max_model_len=128):
@@ -46,6 +47,9 @@ def test_publish_is_idempotent_and_first_writer_wins(published, tmp_path):
     assert sorted(r.status for r in results) == ["already-published"] * 7 + ["published"]
     winner = next(r for r in results if r.status == "published")
     assert all((r.published_blob or winner.blob) == winner.blob for r in results)
+    # The losers leave no blob behind: none uploaded, or each removed the one it uploaded.
+    first = published["publish"].blob
+    assert {b.sha256 for b in published["store"].list_blobs()} == {first, winner.blob}
 
 
 def test_fetch_restores_verified_files_and_is_then_a_no_op(published, tmp_path):
@@ -185,7 +189,8 @@ def test_symlinked_root_is_refused(published, tmp_path):
     real = tmp_path / "real"
     real.mkdir()
     os.symlink(real, tmp_path / "link")
-    with pytest.raises(restore.RestoreError, match="symlink"):
+    # The operator's input: a usage error (exit 2), before anything is read.
+    with pytest.raises(UsageError, match="symlink"):
         restore.restore_file(published["artifact"], tmp_path / "link")
 
 

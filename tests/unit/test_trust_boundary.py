@@ -9,7 +9,9 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tarfile
@@ -127,22 +129,63 @@ def test_a_fifo_planted_at_the_lock_is_refused(packed, tmp_path):
         restore.restore_file(p.path, root)
 
 
+def _lock_holder(path: Path, how: str) -> subprocess.Popen:
+    """A process that holds the lock file at path (LOCK_SH or LOCK_EX) until its stdin closes."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.{how}); "
+                               "print('held', flush=True); sys.stdin.read()", str(path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"  # the lock is taken: synchronised by the pipe
+    return holder
+
+
 def test_a_lock_held_by_another_process_times_out_naming_it(packed, tmp_path):
     p = packed("a")
     root = tmp_path / "node" / "root"
     root.parent.mkdir()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_SH); "
-                               "print('held', flush=True); sys.stdin.read()", str(restore.lock_path(root))],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = _lock_holder(restore.lock_path(root), "LOCK_EX")
     try:
-        assert holder.stdout.readline().strip() == "held"  # the shared lock is taken: synchronised by the pipe
-        with time_cap(30), pytest.raises(restore.RestoreError, match=f"held after 1 s by pid {holder.pid}"):
+        with time_cap(30), pytest.raises(restore.RestoreError,
+                                         match=rf"still held after 1 s by pid {holder.pid} \(.*\), running since "):
             restore.restore_file(p.path, root, lock_timeout=1)
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)
     assert restore.restore_file(p.path, root).status == "restored"  # released: the next restore goes through
+
+
+def test_a_shared_lock_holder_is_waited_on_briefly_not_for_the_whole_timeout(packed, tmp_path, monkeypatch):
+    """warmer locks exclusively: a LOCK_SH holder is never a restore, so the default 900 s does not apply."""
+    p = packed("a")
+    root = tmp_path / "node" / "root"
+    root.parent.mkdir()
+    monkeypatch.setattr(restore, "FOREIGN_HOLDER_WAIT_S", 0.5)
+    holder = _lock_holder(restore.lock_path(root), "LOCK_SH")
+    try:
+        with time_cap(30), pytest.raises(restore.RestoreError, match=f"held shared .* after 0 s by pid {holder.pid}"):
+            restore.restore_file(p.path, root)  # lock_timeout: the default, 900 s
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert not root.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv (util-linux)")
+def test_the_lock_file_is_the_root_owners_alone(packed, tmp_path):
+    """Mode 0600: another local user (nobody) cannot open the lock file, so cannot hold a restore."""
+    p = packed("a")
+    root = tmp_path / "node" / "root"
+    root.parent.mkdir()
+    root.parent.chmod(0o755)
+    tmp_path.chmod(0o755)
+    lock = restore.lock_path(root)
+    lock.write_bytes(b"")
+    lock.chmod(0o644)  # as an older warmer made it: the next restore takes that back
+    assert restore.restore_file(p.path, root).status == "restored"
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o600
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                          "import sys; open(sys.argv[1], 'a')", str(lock)], capture_output=True, text=True)
+    assert out.returncode != 0 and "Permission denied" in out.stderr, out.stderr
 
 
 # -- 2. signatures bound to what was asked for ---------------------------------------------------
@@ -323,7 +366,7 @@ def test_publish_refuses_a_truncated_artifact_and_rm_removes_one(packed, tmp_pat
     published = build.publish(store, p.path)
     url = f"{store.url}/index/tiny/{p.artifact.key[:12]}"
     dry = run_warmer("rm", url)
-    assert dry.returncode == 2 and "--yes" in dry.stderr and _entry_path(store, "tiny", p.artifact.key).exists()
+    assert dry.returncode == 0 and "--yes" in dry.stderr and _entry_path(store, "tiny", p.artifact.key).exists()
     out = run_warmer("rm", url, "--yes", "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["blob_deleted"] and not _blob_path(store, published.blob).exists()
@@ -414,6 +457,9 @@ def _child_running(parent: int, marker: str) -> int | None:
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (the `cpu` extra) is not installed")
 def test_sigterm_in_verify_stops_the_engine_it_started(tmp_path):
     """The engine child runs in a process group of its own: SIGTERM to warmer must take it down too."""
+    # An empty model directory: there (a missing one is refused before any engine starts), but the
+    # engine only finds it holds no model after seconds of importing vLLM.
+    (tmp_path / "no-model").mkdir()
     recipe = write_tiny_recipe(tmp_path / "tiny.toml", model_path=str(tmp_path / "no-model"))
     proc = subprocess.Popen([sys.executable, "-m", "warmer", "verify", str(recipe), "--root", str(tmp_path / "root"),
                              "--workdir", str(tmp_path / "work")], cwd=REPO, stderr=subprocess.PIPE, text=True)

@@ -19,6 +19,7 @@ import re
 from datetime import datetime
 from typing import NamedTuple
 
+from warmer.deadline import Deadline, unbounded
 from warmer.errors import StoreError, UntrustedInput, UsageError
 from warmer.store.stream import BlobCorrupt, BlobMissing, BlobStream
 
@@ -83,6 +84,8 @@ class Store(abc.ABC):
     """A store: the shared rules here, the transport in each backend."""
 
     url: str
+    # Bounds every request and retry of this store (warmer.deadline); a fetch sets its own.
+    deadline: Deadline = unbounded()
 
     # -- what every store does the same way ---------------------------------------------------
 
@@ -108,6 +111,10 @@ class Store(abc.ABC):
             raise IndexTooLarge(f"index entry {recipe}/{key} in {self.url} is larger than {MAX_INDEX_BYTES} "
                                 "bytes: refused (not written by warmer); remove it with `warmer rm`")
         return data
+
+    def prepare(self) -> None:
+        """Ready the store for a publisher: a file store creates its directory (the first publish
+        to file:///new makes it); a bucket or a registry must exist already (said on first use)."""
 
     def write_audit(self, name: str, record: bytes) -> None:
         """Keep a small record of a destructive action (warmer rm) in the store itself."""
@@ -150,25 +157,30 @@ class Store(abc.ABC):
 
 
 def open_store(url: str, *, endpoint_url: str | None = None, path_style: bool | None = None,
-               progress: bool = False, insecure_registry: bool = False) -> Store:
-    """file:///abs/dir (or a plain directory path), s3://bucket[/prefix], or oci://registry/repository.
+               progress: bool = False, insecure_registry: bool = False, deadline: Deadline | None = None) -> Store:
+    """file:///abs/dir (or a plain absolute directory path), s3://bucket[/prefix], or
+    oci://registry/repository. A URL that names no store is the operator's mistake: UsageError,
+    before anything is read (a fetch would otherwise take it for a miss on every pod).
 
     endpoint_url and path_style apply to s3:// only, insecure_registry (plain HTTP to a registry
     that is not on loopback) to oci:// only; progress draws upload and download bars on stderr
-    (the caller decides: a terminal, and not --json).
+    (the caller decides: a terminal, and not --json); deadline bounds every request and retry
+    (warmer.deadline; the caller may set store.deadline later).
     """
+    if not isinstance(url, str) or not url.strip():
+        raise UsageError("no store given: pass --store URL (or set WARMER_STORE), e.g. s3://bucket/prefix")
     if url.startswith("oci://"):
         if endpoint_url or path_style:
             raise UsageError(f"--endpoint-url and --s3-path-style apply to s3:// stores, not to {url}")
         from warmer.store.oci import OCIStore
 
-        return OCIStore(url, insecure_registry=insecure_registry, progress=progress)
+        return OCIStore(url, insecure_registry=insecure_registry, progress=progress, deadline=deadline)
     if insecure_registry:
         raise UsageError(f"--insecure-registry applies to oci:// stores, not to {url}")
     if url.startswith("s3://"):
         from warmer.store.s3 import S3Store
 
-        return S3Store(url, endpoint_url=endpoint_url, path_style=path_style, progress=progress)
+        return S3Store(url, endpoint_url=endpoint_url, path_style=path_style, progress=progress, deadline=deadline)
     if endpoint_url:
         raise UsageError(f"--endpoint-url {endpoint_url} applies to s3:// stores, not to {url}")
     from warmer.store.file import FileStore

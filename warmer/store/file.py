@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
 
+from warmer.errors import UsageError
 from warmer.store import (Blob, BlobCorrupt, BlobMissing, BlobStream, NotARegularFile, Store, StoreError, blob_path,
                           index_path, parse_blob_path, parse_index_path)
 
@@ -45,9 +46,19 @@ def open_regular(path: str | os.PathLike, what: str) -> BinaryIO | None:
 class FileStore(Store):
     def __init__(self, path: str):
         if not path or not os.path.isabs(path):
-            raise StoreError(f"file store path {path!r} must be absolute, e.g. file:///var/lib/warmer/store")
+            raise UsageError(f"file store path {path!r} must be absolute, e.g. file:///var/lib/warmer/store")
         self.base = Path(path)
         self.url = "file://" + path
+
+    def prepare(self) -> None:
+        self.base.mkdir(parents=True, exist_ok=True)
+
+    def _must_exist(self) -> None:
+        """A store directory that is not there is a wrong URL or an unmounted share, not an empty
+        store: said as S3 says a missing bucket. Publishing creates it."""
+        if not self.base.is_dir():
+            raise StoreError(f"store directory {self.base} does not exist (or is not a directory): fix the store "
+                             "URL or mount the share; `warmer publish` creates it")
 
     def _blob(self, sha256: str) -> Path:
         return self.base / blob_path(sha256)
@@ -99,7 +110,8 @@ class FileStore(Store):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             # A local file does not change by being read again: one attempt.
             return BlobStream(sha256, lambda start, end: _Pread(fd, start, end, total), size=total, where=self.url,
-                              part_size=4 * MiB, threads=2, window_bytes=16 * MiB, attempts=1, on_close=f.close)
+                              part_size=4 * MiB, threads=2, window_bytes=16 * MiB, attempts=1, on_close=f.close,
+                              deadline=self.deadline)
         except BaseException:
             f.close()
             raise
@@ -108,6 +120,7 @@ class FileStore(Store):
         return self._create_once(self.base / rel, lambda f: f.write(entry))
 
     def _read_index(self, rel: str, limit: int) -> bytes | None:
+        self._must_exist()
         f = open_regular(self.base / rel, f"index entry {rel}")
         if f is None:
             return None
@@ -115,12 +128,14 @@ class FileStore(Store):
             return f.read(limit)
 
     def list_index(self, recipe: str | None = None) -> list[tuple[str, str]]:
+        self._must_exist()
         base = self.base / "index"
         dirs = [base / recipe] if recipe else sorted(p for p in base.glob("*") if p.is_dir())
         found = (parse_index_path(f"index/{d.name}/{f.name}") for d in dirs for f in sorted(d.glob("*.json")))
         return [rk for rk in found if rk]
 
     def list_blobs(self) -> list[Blob]:
+        self._must_exist()
         out = []
         for f in sorted((self.base / "blobs" / "sha256").glob("*/*.tar.zst")):
             sha = parse_blob_path(f.relative_to(self.base).as_posix())

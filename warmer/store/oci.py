@@ -80,7 +80,8 @@ Downloads are parallel ranged GETs streamed in order into the extraction (warmer
 a window of parts in memory, the digest computed on the way), read again twice at most when
 the bytes do not hash to the digest, then refused; a registry that ignores Range gets one
 streamed GET through the same window. Resets, timeouts, 429, 500, 502, 503 and 504 are retried with backoff, 8 attempts
-unless WARMER_OCI_MAX_ATTEMPTS says otherwise.
+unless WARMER_OCI_MAX_ATTEMPTS says otherwise, never past the store's deadline, each retry one line
+on the "warmer" logger; every request has a connect and a read timeout (warmer.deadline).
 
 requests is imported here only, when an oci:// store is opened.
 """
@@ -102,6 +103,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
+from warmer.deadline import Deadline, unbounded
+from warmer.errors import UsageError
 from warmer.store import (HEX64, NAME, Blob, BlobCorrupt, BlobMissing, BlobStream, IndexTooLarge, Store,
                           StoreError, parse_index_path)
 from warmer.store.stream import Cut
@@ -359,10 +362,10 @@ class Auth:
         try:
             if creds and creds.identity_token:
                 resp = session.post(realm, data=[("grant_type", "refresh_token"), ("client_id", "warmer"),
-                                                 ("refresh_token", creds.identity_token), *query], timeout=(10, 60))
+                                                 ("refresh_token", creds.identity_token), *query], timeout=self.store._timeouts())
             else:
                 headers = {"Authorization": creds.basic()} if creds and creds.basic() else {}
-                resp = session.get(realm, params=query, headers=headers, timeout=(10, 60))
+                resp = session.get(realm, params=query, headers=headers, timeout=self.store._timeouts())
         except self.store.requests.RequestException as e:
             raise StoreError(f"cannot reach the token endpoint {realm} of {self.store.host} "
                              f"({type(e).__name__}): check the network") from None
@@ -397,14 +400,14 @@ class Garbled(StoreError):
 class OCIStore(Store):
     def __init__(self, url: str, *, insecure_registry: bool = False, progress: bool = False,
                  chunk_size: int | None = None, part_size: int = 8 * MiB, concurrency: int = 8,
-                 settle_s: float = SETTLE_S):
+                 settle_s: float = SETTLE_S, deadline: Deadline | None = None):
         import requests
         from requests.adapters import HTTPAdapter
 
         rest = url[len("oci://"):] if url.startswith("oci://") else url
         host, _, repo = rest.strip("/").partition("/")
         if not host or not HOST.match(host) or not repo or not REPOSITORY.match(repo):
-            raise StoreError(f"store {url!r} is not oci://REGISTRY/REPOSITORY: use e.g. "
+            raise UsageError(f"store {url!r} is not oci://REGISTRY/REPOSITORY: use e.g. "
                              "oci://registry.example.com/team/warmer-caches (a lowercase repository path, "
                              "no tag or digest)")
         self.host = "registry-1.docker.io" if host in DOCKER_HUB else host.lower()
@@ -414,6 +417,7 @@ class OCIStore(Store):
         scheme = "http" if insecure_registry or is_loopback(self.host) else "https"
         self.base = f"{scheme}://{self.host}/v2/{repo}"
         self.progress = progress
+        self.deadline = deadline or unbounded()
         self.chunk_size = chunk_size or _env_int(CHUNK_ENV, 16) * MiB
         self.attempts = _env_int(ATTEMPTS_ENV, MAX_ATTEMPTS)
         self.part_size, self.concurrency, self.settle_s = part_size, concurrency, settle_s
@@ -438,15 +442,25 @@ class OCIStore(Store):
         return (f"run `docker login {self.host}` (or oras/podman login), or mount an image-pull secret as "
                 "DOCKER_CONFIG, or point REGISTRY_AUTH_FILE at an auth.json")
 
+    def _timeouts(self) -> tuple[float, float]:
+        """requests' (connect, read) timeouts, within the deadline (warmer.deadline)."""
+        return self.deadline.connect_timeout, self.deadline.read_timeout
+
     def _url(self, path: str) -> str:
         return f"{self.base}/{path}"
 
-    def _backoff(self, attempt: int, resp=None) -> None:
+    def _backoff(self, attempt: int, why: str, what: str, resp=None) -> None:
+        """Wait before attempt + 1, saying so; DeadlineExceeded, naming why, when the deadline
+        leaves no time for it."""
         after = resp.headers.get("Retry-After") if resp is not None else None
         if after and after.isdigit():
             delay = min(int(after), 30)
         else:  # full jitter: 0.1 s, 0.2 s ... capped at 10 s
             delay = random.uniform(0, min(10.0, 0.1 * 2 ** attempt))
+        if not self.deadline.allows(delay):
+            self.deadline.note(f"{why} ({what})")
+            raise self.deadline.error(f"{what} from {self.host}")
+        self.deadline.retrying(attempt + 1, self.attempts, delay, why, f"{what} from {self.host}")
         time.sleep(delay)
 
     def _request(self, method: str, url: str, *, what: str, action: str, headers: dict | None = None,
@@ -462,7 +476,7 @@ class OCIStore(Store):
                 sent["Authorization"] = self.auth.header
             try:
                 resp = self.session.request(method, url, headers=sent, data=data, stream=stream, params=params,
-                                            timeout=(10, 60))
+                                            timeout=self._timeouts())
             except self.requests.exceptions.SSLError as e:
                 raise StoreError(f"TLS to {self.host} failed ({_reason(e)}): trust the registry's CA "
                                  "(REQUESTS_CA_BUNDLE), or for a plain-HTTP registry pass --insecure-registry") from None
@@ -470,7 +484,7 @@ class OCIStore(Store):
                     self.requests.exceptions.ChunkedEncodingError) as e:
                 attempt += 1
                 if retry and attempt < self.attempts:
-                    self._backoff(attempt)
+                    self._backoff(attempt, _reason(e), f"{method} {what}")
                     continue
                 tries = f", {attempt} attempts" if attempt > 1 else ""
                 raise Unreachable(f"cannot reach the registry {self.host} to {action} {what} ({_reason(e)}{tries}): "
@@ -485,7 +499,7 @@ class OCIStore(Store):
                 attempt += 1
                 if attempt < self.attempts:
                     resp.close()
-                    self._backoff(attempt, resp)
+                    self._backoff(attempt, f"HTTP {resp.status_code}", f"{method} {what}", resp)
                     continue
             return resp
 
@@ -505,7 +519,7 @@ class OCIStore(Store):
             if body is not None and (check is None or check(body)):
                 return resp, body
             if attempt < self.attempts:
-                self._backoff(attempt)
+                self._backoff(attempt, "cut short or altered", f"GET {what}")
         raise Garbled(f"{what} from {self.host} arrived cut short or altered {self.attempts} times: check the "
                       "network and the registry")
 
@@ -635,11 +649,11 @@ class OCIStore(Store):
                         break
                     if resp.status_code not in RETRY_STATUS | {416}:
                         raise self._error(resp, "upload", what, size=n)
-                    self._backoff(1, resp)
+                    self._backoff(1, f"HTTP {resp.status_code}", f"PATCH {what}", resp)
                 # Reset, cut short, 5xx or out of step: where does the upload stand?
                 failures += 1
                 if failures > 1:
-                    self._backoff(failures)
+                    self._backoff(failures, "the upload broke off", f"PATCH {what}")
                 location, held = self._upload_status(location, what)
                 if held is None or held > size:
                     lost = True
@@ -731,7 +745,7 @@ class OCIStore(Store):
                 raise self._error(resp, "read", what)
 
         return BlobStream(sha256, open_range, size=size, where=self.url, part_size=self.part_size,
-                          threads=self.concurrency, probe_first=True)
+                          threads=self.concurrency, probe_first=True, deadline=self.deadline)
 
     def list_blobs(self) -> list[Blob]:
         """A registry lists no blobs: the layers whose manifests this handle deleted (gc unlinks
@@ -851,7 +865,8 @@ class OCIStore(Store):
             now = self._tag_digest(tag)
             if now is not None:
                 return now == digest
-            self._backoff(attempt + 1)
+            why = f"HTTP {resp.status_code}" if resp is not None else "no answer"
+            self._backoff(attempt + 1, why, f"PUT {what}")
         raise StoreError(f"publish {what} to {self.host}/{self.repo} failed after {self.attempts} attempts: "
                          "check the registry and publish again")
 
@@ -1068,9 +1083,13 @@ class _Answer:
         if self.resp is None:
             return 0
         try:
-            return self.resp.raw.readinto(view)
+            # read1: what one read of the connection brings (readinto would wait to fill the view,
+            # and a trickle would hold this thread past any stop).
+            data = self.resp.raw.read1(len(view))
         except (self._urllib3.exceptions.HTTPError, OSError) as e:  # a body cut short, a reset, a timeout
             raise Cut(_reason(e)) from None
+        view[:len(data)] = data
+        return len(data)
 
     def close(self) -> None:
         if self.resp is not None:

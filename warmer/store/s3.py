@@ -21,6 +21,8 @@ import random
 import time
 from contextlib import contextmanager
 
+from warmer.deadline import Deadline, unbounded
+from warmer.errors import UsageError
 from warmer.store import (Blob, BlobMissing, BlobStream, Store, StoreError, blob_path, index_path,
                           parse_blob_path, parse_index_path)
 from warmer.store.stream import Cut
@@ -28,9 +30,10 @@ from warmer.store.progress import Progress
 
 MiB = 1 << 20
 ADDRESSING_ENV = "WARMER_S3_ADDRESSING_STYLE"
-# Throttling (503 SlowDown), 500s, resets and timeouts are retried by botocore's standard mode
-# with backoff, 8 attempts in all unless AWS_MAX_ATTEMPTS (or AWS_RETRY_MODE) says otherwise; a
-# body cut short mid-stream, by s3transfer (downloads) or by get_index below.
+# Throttling (503 SlowDown), 500s, resets and timeouts are retried with botocore's standard
+# conditions and backoff, 8 attempts in all unless AWS_MAX_ATTEMPTS says otherwise, and never
+# past the store's deadline; each retry is one line on the "warmer" logger (_Retries). A body
+# cut short mid-stream is asked for again by stream.BlobStream (blobs) or get_index below.
 MAX_ATTEMPTS = 8
 CONFLICT_ATTEMPTS = 5  # S3 answers 409 to a conditional put racing another one: try again
 
@@ -53,29 +56,97 @@ def cap_malloc_arenas(arenas: int = 2) -> bool:
         return False
 
 
+def parse_url(url: str) -> tuple[str, str]:
+    """(bucket, prefix with a trailing slash or empty) of s3://bucket[/prefix]; UsageError otherwise."""
+    import re
+
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    if not bucket:
+        raise UsageError(f"store {url!r} names no bucket: use s3://bucket or s3://bucket/prefix")
+    # The characters of S3's bucket names (lowercase letters, digits, '.' and '-', 3 to 63), loosened
+    # to '_', capitals and any length up to 63 for S3-compatible stores that allow them.
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", bucket):
+        raise UsageError(f"store {url!r}: {bucket!r} is not a bucket name: use s3://bucket or s3://bucket/prefix")
+    prefix = prefix.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
+def _max_attempts() -> int:
+    raw = os.environ.get("AWS_MAX_ATTEMPTS", "")
+    if not raw:
+        return MAX_ATTEMPTS
+    if not raw.isdigit() or int(raw) < 1:
+        raise UsageError(f"AWS_MAX_ATTEMPTS={raw!r}: give a whole number of attempts, at least 1")
+    return int(raw)
+
+
+class _Retries:
+    """botocore's standard retry conditions and backoff, asked first on every needs-retry event, so
+    that a retry never runs past the store's deadline and each one is said (Deadline.retrying)."""
+
+    def __init__(self, store: "S3Store", attempts: int):
+        from botocore.retries import standard
+
+        self.store, self.attempts = store, attempts
+        self._adapter = standard.RetryEventAdapter()
+        self._conditions = standard.StandardRetryConditions(max_attempts=attempts)
+        self._backoff = standard.ExponentialBackoff()
+
+    def register(self, client) -> None:
+        client.meta.events.register_first("needs-retry.s3", self.needs_retry)
+
+    def needs_retry(self, **kwargs):
+        """A delay (retry after it), or False (no retry): the first answer that is not None wins,
+        so botocore's own handler, registered after this one, does not decide."""
+        context = self._adapter.create_retry_context(**kwargs)
+        if not self._conditions.is_retryable(context):
+            return False
+        delay = self._backoff.delay_amount(context)
+        deadline = self.store.deadline
+        why = _why(context, deadline.read_timeout)
+        what = f"{kwargs['operation'].name} s3://{self.store.bucket}"
+        if not deadline.allows(delay):
+            deadline.note(f"{why} ({what})")
+            return False
+        deadline.retrying(context.attempt_number + 1, self.attempts, delay, why, what)
+        return delay
+
+
+def _why(context, read_timeout: float) -> str:
+    """A retry's cause in a few words: the error code and status, or the connection error."""
+    if context.caught_exception is not None:
+        e = context.caught_exception
+        text = str(e).lower()
+        if "read timeout" in text or "timed out" in text:
+            return f"{type(e).__name__} after {read_timeout:.0f} s"
+        return type(e).__name__
+    status = context.http_response.status_code if context.http_response is not None else "?"
+    code = context.get_error_code() or ""
+    return f"{status} {code}".strip()
+
+
 class S3Store(Store):
     def __init__(self, url: str, *, endpoint_url: str | None = None, path_style: bool | None = None,
-                 progress: bool = False, part_size: int = 8 * MiB, concurrency: int = 8):
+                 progress: bool = False, part_size: int = 8 * MiB, concurrency: int = 8,
+                 deadline: Deadline | None = None):
         import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
-        bucket, _, prefix = url[len("s3://"):].partition("/")
-        if not bucket:
-            raise StoreError(f"store {url!r} names no bucket: use s3://bucket or s3://bucket/prefix")
-        prefix = prefix.strip("/")
-        self.bucket, self.prefix = bucket, f"{prefix}/" if prefix else ""
-        self.url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        self.bucket, self.prefix = parse_url(url)
+        self.url = f"s3://{self.bucket}/{self.prefix.rstrip('/')}" if self.prefix else f"s3://{self.bucket}"
         self.progress = progress
+        self.deadline = deadline or unbounded()
 
         style = "path" if path_style else os.environ.get(ADDRESSING_ENV) or None
         if style not in (None, "auto", "virtual", "path"):
-            raise StoreError(f"{ADDRESSING_ENV}={style!r}: use path, virtual or auto")
-        retries = {} if "AWS_MAX_ATTEMPTS" in os.environ else {"total_max_attempts": MAX_ATTEMPTS}
-        config = Config(retries=retries,
-                        connect_timeout=10, read_timeout=60, max_pool_connections=concurrency + 4,
+            raise UsageError(f"{ADDRESSING_ENV}={style!r}: use path, virtual or auto")
+        attempts = _max_attempts()
+        config = Config(retries={"total_max_attempts": attempts}, connect_timeout=self.deadline.connect_timeout,
+                        read_timeout=self.deadline.read_timeout, max_pool_connections=concurrency + 4,
                         s3={"addressing_style": style} if style else None)
         self._client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        _Retries(self, attempts).register(self._client)
         cap_malloc_arenas()
         self._transfer = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size,
                                         max_concurrency=concurrency, num_download_attempts=5)
@@ -136,6 +207,8 @@ class S3Store(Store):
             yield
         except (BotoCoreError, ClientError, Boto3Error, transfer.RetriesExceededError,
                 transfer.S3UploadFailedError, transfer.S3DownloadFailedError) as e:
+            if self.deadline.gave_up:  # retries stopped for want of time: say the deadline, and why
+                raise self.deadline.error(f"{action} s3://{self.bucket}/{key}") from None
             raise self._message(e, action, key) from None
 
     @staticmethod
@@ -204,7 +277,7 @@ class S3Store(Store):
             return _Body(got)
 
         return BlobStream(sha256, open_range, size=total, where=self.url, part_size=self.part_size,
-                          threads=self.concurrency)
+                          threads=self.concurrency, deadline=self.deadline)
 
     def list_blobs(self) -> list[Blob]:
         return [Blob(sha, obj["Size"], obj["LastModified"]) for rel, obj in self._list("blobs/sha256/")
@@ -293,9 +366,13 @@ class _Body:
         from urllib3.exceptions import HTTPError
 
         try:
-            return self.body.readinto(view)
+            # read1: what one read of the connection brings (readinto would wait to fill the view,
+            # and a trickle would hold this thread past any stop).
+            data = self.body._raw_stream.read1(len(view))
         except (BotoCoreError, HTTPError, OSError) as e:  # a reset, a timeout, a body shorter than its length
             raise Cut(type(e).__name__) from None
+        view[:len(data)] = data
+        return len(data)
 
     def close(self) -> None:
         self.body.close()

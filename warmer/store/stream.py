@@ -13,10 +13,11 @@ differ, so that no caller can take unchecked bytes for the blob.
 
 What can be checked where. The only digest a blob has is its name, over all of its bytes, so a
 part cannot be checked alone:
-  - a part that arrives short (a reset, a timeout, a body cut off, fewer bytes than asked) is
-    detected by its length and asked for again from where it broke off, up to PART_ATTEMPTS
-    times in a row (bytes once in a buffer never change: the reader may have taken them, and
-    the digest must be over the bytes it took);
+  - a part that arrives short (a reset, a timeout, a body cut off, fewer bytes than asked, or a
+    connection slower than LOW_SPEED_BYTES in the deadline's low_speed_s: a trickle) is detected by its length
+    and asked for again from where it broke off, up to PART_ATTEMPTS times in a row, each retry
+    said on the "warmer" logger (bytes once in a buffer never change: the reader may have taken
+    them, and the digest must be over the bytes it took);
   - a part with the right length and wrong bytes is detected only at the end (the blob's
     digest), or earlier by what the bytes feed (zstd's checksums, a member's sha256). Either way
     the reader asks drain() whether the whole blob hashes to its name: if it does, the store
@@ -26,8 +27,14 @@ part cannot be checked alone:
 A backend gives one function, open_range(start, end) -> Answer, for bytes [start, end) of the
 blob. An Answer whose `whole` is true carries the whole blob from byte 0 (a server that ignores
 Range): the stream then reads that one answer in order, in one thread, through the same window.
+An Answer's readinto returns what one read of the connection brings (never waits to fill the
+view), so a stop or a trickle is seen between reads.
 
-Leaf module: imports nothing from warmer but the store's error types.
+Time is bounded (warmer.deadline): the reader never waits past the stream's deadline, and
+close() stops the threads without waiting on a connection that hangs (they are daemons, each
+ended by its read timeout or its next bytes), so SIGTERM is honoured within a second or two.
+
+Leaf module: imports nothing from warmer but the error types and the deadline.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import threading
 import time
 from typing import Callable, Protocol
 
+from warmer.deadline import LOW_SPEED_BYTES, Deadline, unbounded
 from warmer.errors import StoreError
 
 MiB = 1 << 20
@@ -54,6 +62,7 @@ WINDOW_ENV = "WARMER_FETCH_WINDOW_MIB"
 # What one readinto asks of an answer: urllib3 (under requests and botocore) reads into a
 # temporary of the size asked, then copies; a part's worth at a time would allocate 8 MiB per call.
 READ_CHUNK = 1 * MiB
+CLOSE_WAIT_S = 1.0  # close() waits this long in all for the threads, then leaves them (daemons)
 
 
 class BlobCorrupt(StoreError):
@@ -75,7 +84,8 @@ class Answer(Protocol):
     whole: bool         # the body is the whole blob from byte 0, whatever range was asked
 
     def readinto(self, view: memoryview) -> int:
-        """Bytes of the body into view; 0 at its end. Raises Cut when the body breaks off."""
+        """Bytes of the body into view, as one read of the connection brings them (at least one,
+        never waiting to fill view); 0 at its end. Raises Cut when the body breaks off."""
 
     def close(self) -> None: ...
 
@@ -102,7 +112,8 @@ class BlobStream:
     def __init__(self, sha256: str, open_range: OpenRange, *, size: int | None = None, where: str = "the store",
                  part_size: int = 8 * MiB, threads: int = 8, window_bytes: int | None = None,
                  probe_first: bool = False, attempts: int = DOWNLOAD_ATTEMPTS,
-                 on_close: Callable[[], None] | None = None, backoff_s: float = 0.1):
+                 on_close: Callable[[], None] | None = None, backoff_s: float = 0.1,
+                 deadline: Deadline | None = None):
         if part_size < 1 or threads < 1:
             raise ValueError("part_size and threads must be positive")
         # At least two parts; one more part than reads in flight, so that a part waiting for the
@@ -110,6 +121,7 @@ class BlobStream:
         window = max(2, (window_bytes or window_from_env()) // part_size)
         threads = max(1, min(threads, window - 1))
         self.name, self.where = sha256, where
+        self.deadline = deadline or unbounded()
         self.attempts = attempts  # how many times a caller may read the blob again (restore's loop)
         self.sha256 = hashlib.sha256()
         self.bytes = 0  # delivered to the reader
@@ -189,15 +201,18 @@ class BlobStream:
         return e
 
     def close(self) -> None:
+        """Stop the threads. A thread blocked on a connection that hangs is left behind (a daemon,
+        ended by its read timeout or its next bytes): a stop never waits on the network."""
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
+        until = time.monotonic() + CLOSE_WAIT_S
         for t in self._threads:
-            t.join()
-        self._threads = []
+            t.join(max(0.0, until - time.monotonic()))
+        self._threads = [t for t in self._threads if t.is_alive()]
         self._bufs.clear()
         self._free.clear()
-        if self._on_close is not None:
+        if self._on_close is not None and not self._threads:  # a thread left behind may still read
             self._on_close()
             self._on_close = None
 
@@ -209,9 +224,17 @@ class BlobStream:
 
     def _wait_for_size(self) -> None:
         while self._size is None and self._error is None:
-            self._cond.wait()
+            self._wait("waiting for the first bytes")
         if self._error is not None:
             raise self._error
+
+    def _wait(self, doing: str) -> None:
+        """The reader's wait for the threads (under the lock), never past the deadline: a second
+        at a time, so that the deadline (and a cancel) is seen while bytes trickle in."""
+        if self.deadline.expired():
+            raise self.deadline.error(f"{doing} of blob {self.name[:12]} from {self.where} "
+                                      f"({self.bytes} bytes read)")
+        self._cond.wait(min(1.0, self.deadline.left()))
 
     def _next_view(self, n: int) -> memoryview | None:
         """Up to n bytes at the reader's offset: a view of a part buffer, valid until the next
@@ -227,8 +250,11 @@ class BlobStream:
                 return None
             k = self._pos // self._part
             off = self._pos - k * self._part
+            if self.deadline.expired():  # also when every byte is here and extraction is what takes long
+                raise self.deadline.error(f"downloading blob {self.name[:12]} from {self.where} "
+                                          f"({self.bytes} of {self._size} bytes read)")
             while self._arrived(k) <= off and self._error is None:
-                self._cond.wait()
+                self._wait("downloading")
             if self._error is not None:
                 raise self._error
             buf = self._bufs[k]
@@ -242,7 +268,7 @@ class BlobStream:
     def _finish(self) -> None:
         """At the end (under the lock): wait until every part is hashed, then compare."""
         while self._next_hash < self._parts() and self._error is None:
-            self._cond.wait()
+            self._wait("hashing the last parts")
         if self._error is not None:
             raise self._error
         self.checked = True
@@ -318,7 +344,7 @@ class BlobStream:
         why = ""
         for attempt in range(PART_ATTEMPTS):
             if attempt and not self._stopped:
-                time.sleep(random.uniform(0, self._backoff_s * 2 ** attempt))  # backoff before asking again
+                self._backoff(k, attempt, why)
             with self._cond:
                 if self._stopped:
                     return
@@ -350,6 +376,17 @@ class BlobStream:
                 answer.close()
         raise self._cut_short(why)
 
+    def _backoff(self, k: int, attempt: int, why: str) -> None:
+        """Wait before asking for part k again (attempt of PART_ATTEMPTS), saying so; give up when the
+        deadline leaves no time for it."""
+        delay = random.uniform(0, self._backoff_s * 2 ** attempt)
+        if not self.deadline.allows(delay):
+            raise self.deadline.error(f"downloading part {k + 1} of blob {self.name[:12]} from {self.where} "
+                                      f"(cut short {attempt} times: {why})")
+        self.deadline.retrying(attempt + 1, PART_ATTEMPTS, delay, why,
+                               f"part {k + 1} of blob {self.name[:12]}")
+        time.sleep(delay)  # backoff before asking again
+
     def _cut_short(self, why: str) -> StoreError:
         return StoreError(f"the download of blob {self.name[:12]} from {self.where} was cut short {PART_ATTEMPTS} "
                           f"times ({why}): check the network; not used")
@@ -373,11 +410,13 @@ class BlobStream:
         its first skip bytes; each chunk is the reader's as soon as it is in. Returns the bytes
         of the part now in the buffer."""
         view = memoryview(buf)
+        speed = _LowSpeed(self.deadline.low_speed_s)
         while skip:
             n = answer.readinto(view[filled:filled + min(skip, want - filled)])
             if not n:
                 return filled
             skip -= n
+            speed.took(n)
         while filled < want:
             if self._stopped:  # closed, or another part failed: leave this one
                 raise Cut("stopped")
@@ -385,6 +424,7 @@ class BlobStream:
             if not n:
                 break
             filled += n
+            speed.took(n)
             with self._cond:
                 self._filled[k] = filled
                 self._cond.notify_all()
@@ -407,7 +447,7 @@ class BlobStream:
                 if failures >= PART_ATTEMPTS:
                     raise self._cut_short(str(e)) from None
                 answer.close()
-                time.sleep(random.uniform(0, self._backoff_s * 2 ** failures))  # backoff before asking again
+                self._backoff(k, failures, str(e))
                 start = k * self._part + self._filled[k]  # only this thread changes it
                 answer = self._open_range(start, self._size)
                 skip = start if answer.whole else 0
@@ -446,3 +486,20 @@ class BlobStream:
                 self._next_hash = h + 1
                 self._release(h)
                 self._cond.notify_all()
+
+
+class _LowSpeed:
+    """One connection's pace: Cut when it brings fewer than LOW_SPEED_BYTES in window seconds."""
+
+    def __init__(self, window: float):
+        self.window = window
+        self.since, self.bytes = time.monotonic(), 0
+
+    def took(self, n: int) -> None:
+        self.bytes += n
+        now = time.monotonic()
+        if now - self.since >= self.window:
+            if self.bytes < LOW_SPEED_BYTES:
+                raise Cut(f"{self.bytes} bytes in {now - self.since:.0f} s, under {LOW_SPEED_BYTES >> 10} KiB "
+                          f"per {self.window:.0f} s (a trickle)")
+            self.since, self.bytes = now, 0

@@ -1,0 +1,179 @@
+"""A store that stalls or trickles ends a fetch as a miss within its deadline, saying each retry,
+and SIGTERM stops a download within 2 s: S3 (moto behind the fault proxy) and an OCI registry
+(CNCF distribution behind it), through the CLI as an init container runs it and through the API.
+
+The proxy's `stall` takes a request and never answers; `trickle` sends the true headers and then
+16 bytes a second, which no read timeout ever trips."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, time_cap, tiny_recipe, write_tiny_recipe
+from tests.integration.conftest import pack_with_big_file
+from warmer import api, build, restore
+from warmer.store import open_store
+
+DEADLINE = 8.0  # seconds: its read timeout (2 s) and low-speed window (2 s) leave room for retries
+SLACK = 2.0     # what the issue allows past the deadline
+
+
+def is_blob_get(r):
+    """A ranged read of the artifact's blob (an OCI config is a blob too, read whole: not this)."""
+    return r.method == "GET" and r.is_blob and "range" in r.headers
+
+
+def everything(r):
+    return True
+
+
+@pytest.fixture
+def s3_published(tmp_path, s3_url, proxy):
+    packed = pack_with_big_file(tmp_path, 1 << 20)
+    build.publish(open_store(s3_url), packed["artifact"])
+    return {"store": s3_url, "options": {"endpoint_url": proxy.url}, "cli": ["--endpoint-url", proxy.url],
+            "proxy": proxy}
+
+
+@pytest.fixture
+def oci_published(tmp_path, oci_registry, oci_env, oci_proxy):
+    packed = pack_with_big_file(tmp_path, 1 << 20)
+    repo = oci_registry.repo()
+    build.publish(open_store(oci_registry.url(repo)), packed["artifact"])
+    port = oci_proxy.url.rsplit(":", 1)[1]
+    return {"store": f"oci://127.0.0.1:{port}/{repo}", "options": {}, "cli": [], "proxy": oci_proxy}
+
+
+@pytest.fixture(params=["s3", "oci"])
+def published(request):
+    return request.getfixturevalue(f"{request.param}_published")
+
+
+def _node_root(tmp_path):
+    """A root an earlier (missed) fetch prepared: a fetch that gives up must leave it as it is."""
+    root = tmp_path / "node-root"
+    restore.prepare(root)
+    (root / "vllm" / "previous.json").write_text("previous cache")
+    return root
+
+
+def _unchanged(root) -> bool:
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir())
+    staging = [p for p in root.parent.iterdir() if ".staging-" in p.name]
+    return files == sorted([restore.PREPARED, "vllm/previous.json"]) and not staging
+
+
+def _miss_within_the_deadline(published, root, caplog):
+    """api.fetch with DEADLINE: a miss, within DEADLINE + SLACK, its log lines in caplog."""
+    caplog.set_level(logging.INFO, logger="warmer")
+    t0 = time.monotonic()
+    with time_cap(60):
+        got = api.fetch(tiny_recipe(), published["store"], root, deadline=DEADLINE, **published["options"])
+    took = time.monotonic() - t0
+    assert got.status == "miss" and not got.hit, got.warnings
+    assert took < DEADLINE + SLACK, f"{took:.1f} s for a {DEADLINE} s deadline"
+    return got
+
+
+@pytest.mark.parametrize("where,what", [("index", everything), ("blob", is_blob_get)], ids=["stalled-store",
+                                                                                           "stalled-blob"])
+def test_a_stalled_store_is_a_miss_within_the_deadline(published, tmp_path, caplog, where, what):
+    published["proxy"].inject("stall", what, times=None)
+    root = _node_root(tmp_path)
+    got = _miss_within_the_deadline(published, root, caplog)
+    assert any(f"deadline of {DEADLINE:.0f} s" in w and "passed while" in w for w in got.warnings), got.warnings
+    retries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying ")]
+    assert retries and all(" in " in m and "s: " in m for m in retries), caplog.text
+    assert _unchanged(root)
+
+
+def test_a_trickling_blob_is_cut_retried_and_a_miss_within_the_deadline(published, tmp_path, caplog):
+    rule = published["proxy"].inject("trickle", is_blob_get, times=None)
+    root = _node_root(tmp_path)
+    got = _miss_within_the_deadline(published, root, caplog)
+    assert rule.fired >= 2, "the trickle was never asked for again"
+    assert any("deadline" in w and "blob" in w for w in got.warnings), got.warnings
+    assert any("a trickle" in r.getMessage() and r.getMessage().startswith("retrying part")
+               for r in caplog.records), caplog.text
+    assert _unchanged(root)
+
+
+def _cli(published, tmp_path, *extra) -> list[str]:
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    return [sys.executable, "-m", "warmer", "fetch", str(recipe), "--store", published["store"], *published["cli"],
+            "--root", str(tmp_path / "node-root"), *extra]
+
+
+def test_the_cli_says_each_retry_and_the_deadline_and_require_makes_it_exit_3(published, tmp_path):
+    published["proxy"].inject("stall", everything, times=None)
+    _node_root(tmp_path)
+    t0 = time.monotonic()
+    out = subprocess.run(_cli(published, tmp_path, "--require"), capture_output=True, text=True, timeout=60,
+                         cwd=REPO, env={**os.environ, "WARMER_DEADLINE": str(DEADLINE)})
+    took = time.monotonic() - t0
+    assert out.returncode == 3, out.stderr
+    assert took < DEADLINE + SLACK + 1.0, f"{took:.1f} s (the process's start included)"
+    assert "warmer: retrying " in out.stderr and f"deadline of {DEADLINE:.0f} s" in out.stderr, out.stderr
+    quiet = subprocess.run(_cli(published, tmp_path, "--deadline", "3", "-q"), capture_output=True, text=True,
+                           timeout=60, cwd=REPO)
+    assert quiet.returncode == 0 and "retrying" not in quiet.stderr, quiet.stderr
+
+
+@pytest.mark.parametrize("fault", ["trickle", "stall"])
+def test_sigterm_stops_a_download_within_two_seconds(published, tmp_path, fault):
+    """A pod's grace period is 30 s: a fetch that is told to stop must stop, however slow the store."""
+    rule = published["proxy"].inject(fault, is_blob_get, times=None)
+    root = _node_root(tmp_path)
+    proc = subprocess.Popen(_cli(published, tmp_path, "--deadline", "600"), stderr=subprocess.PIPE, text=True,
+                            cwd=REPO)
+    _stopped_within_two_seconds(proc, rule, requests=1)
+    assert _unchanged(root)
+
+
+def _stopped_within_two_seconds(proc: subprocess.Popen, rule, requests: int) -> None:
+    """SIGTERM once the rule has met this many download requests: exit 143 within 2 s."""
+    with time_cap(60):
+        while rule.fired < requests and proc.poll() is None:
+            time.sleep(0.02)  # polls the proxy for the downloads' requests; nothing signals them
+        time.sleep(0.5)  # into the slow read itself
+        assert proc.poll() is None, proc.stderr.read()
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait()
+    took = time.monotonic() - t0
+    assert code == 143, proc.stderr.read()
+    assert took < 2.0, f"exited {took:.2f} s after SIGTERM"
+
+
+def test_sigterm_stops_fetch_all_within_two_seconds(tmp_path, s3_url, proxy, packed):
+    """The prefetch DaemonSet's fetch --all: the fetches under way are cancelled, each root kept."""
+    import tomllib
+
+    from tests.integration.test_node_bootstrap import SKUS, _recipe_text
+    from warmer.recipe import parse
+
+    if os.uname().machine != "x86_64":
+        pytest.skip("the fixture's CPU SKU is x86_64")
+    manifests = tmp_path / "manifests"
+    (manifests / "models").mkdir(parents=True)
+    (manifests / "skus.toml").write_text(SKUS)
+    for name in ("alpha", "beta"):
+        path = manifests / "models" / f"{name}.toml"
+        path.write_text(_recipe_text(name, ["cpu-x86_64"]))
+        recipe = parse(tomllib.loads(path.read_text()), path)
+        build.publish(open_store(s3_url), packed(name, recipe=recipe, extra={"inductor/big.so": os.urandom(1 << 20)}).path)
+    rule = proxy.inject("trickle", is_blob_get, times=None)
+    base = tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, "-m", "warmer", "fetch", "--all", str(manifests), "--store", s3_url,
+                             "--endpoint-url", proxy.url, "--root-base", str(base), "--deadline", "600"],
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    _stopped_within_two_seconds(proc, rule, requests=2)  # both downloads under way
+    assert not restore.active(base / "alpha") and not restore.active(base / "beta")
+    assert not [p for p in base.iterdir() if ".staging-" in p.name]

@@ -1,0 +1,193 @@
+"""The build journey as a person watching it sees it (a line as each step starts and ends), what a
+re-publish leaves in the store, and packs that are the same bytes when SOURCE_DATE_EPOCH says so.
+
+The engine run is the one part replaced here: a real one needs vLLM and tens of seconds
+(tests/e2e/test_loop_cpu.py runs it, and checks the same lines on stderr). Everything around
+it (pack, restore, verify's delta, publish) is the real code on real files."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_cache_tree, run_warmer, tiny_recipe, write_tiny_recipe
+from warmer import build, restore, warmup
+from warmer.errors import UsageError
+from warmer.store import open_store
+from warmer.store.file import FileStore
+
+
+class Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def progress_lines():
+    """What the "warmer" logger says at INFO (the CLI's stderr), whatever other tests did to it."""
+    logger, handler = logging.getLogger("warmer"), Lines()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler.lines
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    """warmup.run_engine without vLLM: the cold run leaves a cache tree in the root, as the warm-up
+    does; later runs write nothing (a full hit). Returns the labels it was started with."""
+    labels: list[str] = []
+
+    def run_engine(recipe, root, workdir, label, *, extra_env=None):
+        warmup.require_model(recipe)
+        labels.append(label)
+        restore.prepare(root)
+        if label.startswith("cold"):
+            make_cache_tree(root)
+        workdir.mkdir(parents=True, exist_ok=True)
+        log = warmup.engine_log(workdir, label)
+        log.write_text("")
+        return warmup.EngineRun({"engine_init_s": 1.0}, {"timings": {}, "events": {}, "phases": {}}, 1.0, log,
+                                workdir / f"{label}.home")
+
+    monkeypatch.setattr(warmup, "run_engine", run_engine)
+    return labels
+
+
+@pytest.fixture
+def model(tmp_path) -> Path:
+    path = tmp_path / "models" / "tiny"
+    path.mkdir(parents=True)
+    return path
+
+
+# -- progress -------------------------------------------------------------------------------------
+
+STEP = re.compile(r"^(?P<step>.+?) (?:\.\.\.(?: \(log (?P<log>\S+)\))?|done in (?P<s>\d+\.\d) s.*)$")
+
+
+def test_each_build_step_says_when_it_starts_and_ends(tmp_path, engine, model, progress_lines):
+    store = open_store(f"file://{tmp_path / 'store'}")
+    root, work = tmp_path / "root", tmp_path / "work"
+    result = build.build(tiny_recipe(str(model)), store, root, work)
+    assert result.status == "published" and engine == ["cold", "verify"]
+    steps = [(m["step"], "start" if m["s"] is None else "end", m["log"]) for m in map(STEP.match, progress_lines) if m]
+    assert [(s, e) for s, e, _ in steps] == [(s, e) for s in (
+        f"build: fingerprint and {store.url} check", f"build: warm-up engine run from cold into {root}", "build: pack",
+        f"build: restore over {root}, as a node does", "build: verify: FlashInfer ninja dry run",
+        f"build: verify: engine run on {root}", f"build: publish to {store.url}") for e in ("start", "end")], \
+        progress_lines
+    logs = {s: log for s, e, log in steps if e == "start" and log}
+    assert logs == {f"build: warm-up engine run from cold into {root}": str(work / "cold.log"),
+                    f"build: verify: engine run on {root}": str(work / "verify.log")}
+    ends = [line for line in progress_lines if " done in " in line]
+    assert any(line.endswith(f"{result.files} files, {result.bytes / 1e6:.1f} MB into {result.artifact} "
+                             f"({result.archive_bytes / 1e6:.1f} MB)") for line in ends), ends
+    assert ends[-1].endswith(": published")
+
+
+def test_warmer_build_shows_its_steps_on_stderr_unless_quiet_or_json(tmp_path, model):
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml", model_path=str(model))
+    store = open_store(f"file://{tmp_path / 'store'}")
+    packed = tmp_path / "a.tar.zst"
+    src = tmp_path / "src"
+    make_cache_tree(src)
+    build.pack_root(src, tiny_recipe(str(model)), packed)
+    build.publish(store, packed)  # this node's key: the build stops after its first step
+    args = ["build", recipe, "--store", store.url, "--root", tmp_path / "root"]
+    out = run_warmer(*args)
+    assert out.returncode == 0, out.stderr
+    [start, end] = [line for line in out.stderr.splitlines() if "fingerprint and" in line]
+    assert start == f"warmer: build: fingerprint and {store.url} check ..."
+    assert re.fullmatch(rf"warmer: build: fingerprint and {re.escape(store.url)} check done in \d+\.\d s: key "
+                        r"[0-9a-f]{16}, already published: nothing to build", end), end
+    for flag in ("-q", "--json"):
+        out = run_warmer(*args, flag)
+        assert out.returncode == 0 and "fingerprint and" not in out.stderr, out.stderr
+
+
+def test_a_missing_model_stops_the_build_before_any_step(tmp_path, engine, progress_lines):
+    with pytest.raises(UsageError, match=r"model path /models/absent \(model.path in tiny.toml\) does not exist"):
+        build.build(tiny_recipe("/models/absent"), open_store(f"file://{tmp_path / 's'}"), tmp_path / "root",
+                    tmp_path / "work")
+    assert engine == [] and progress_lines == []
+
+
+# -- publish: look before uploading ---------------------------------------------------------------
+
+def _same_key_other_bytes(tmp_path, packed, name: str):
+    """An artifact of the same recipe and node as packed("a"), so the same key, with other bytes."""
+    return packed(name, timings={"build": {"run": name}})
+
+
+def test_republishing_a_published_key_uploads_nothing(tmp_path, packed):
+    store = open_store(f"file://{tmp_path / 'store'}")
+    first = build.publish(store, packed("a").path)
+    again = build.publish(store, _same_key_other_bytes(tmp_path, packed, "b").path)
+    assert again.status == "already-published" and not again.blob_uploaded
+    assert again.published_blob == first.blob and again.blob != first.blob
+    assert [b.sha256 for b in store.list_blobs()] == [first.blob]  # no orphan left behind
+
+
+class RacedStore(FileStore):
+    """A file store in which another builder publishes the same key while this one uploads its blob:
+    the race between the look and the index write, made to happen."""
+
+    def __init__(self, path: str, rival: Path):
+        super().__init__(path)
+        self.rival = rival
+
+    def _upload_blob(self, path: str, sha256: str) -> None:
+        super()._upload_blob(path, sha256)
+        if self.rival:
+            rival, self.rival = self.rival, None
+            build.publish(FileStore(str(self.base)), rival)
+
+
+def test_a_publish_that_loses_the_race_removes_the_blob_it_uploaded(tmp_path, packed):
+    mine, rival = packed("a"), _same_key_other_bytes(tmp_path, packed, "b")
+    store = RacedStore(str(tmp_path / "store"), rival.path)
+    lost = build.publish(store, mine.path)
+    assert lost.status == "already-published" and lost.blob_uploaded and lost.removed_own_blob
+    winner = lost.published_blob
+    assert winner != lost.blob and [b.sha256 for b in store.list_blobs()] == [winner]
+
+
+def test_a_publish_that_loses_to_the_same_bytes_keeps_the_blob(tmp_path, packed):
+    mine = packed("a")
+    twin = tmp_path / "twin.tar.zst"
+    twin.write_bytes(mine.path.read_bytes())
+    store = RacedStore(str(tmp_path / "store"), twin)
+    lost = build.publish(store, mine.path)
+    assert lost.status == "already-published" and lost.published_blob == lost.blob and not lost.removed_own_blob
+    assert [b.sha256 for b in store.list_blobs()] == [lost.blob]  # the entry's blob, never deleted
+
+
+# -- SOURCE_DATE_EPOCH -------------------------------------------------------------------------------
+
+def test_source_date_epoch_makes_packs_of_one_root_the_same_bytes(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    make_cache_tree(src)
+    (src / "inductor" / "ab").mkdir(parents=True)
+    (src / "inductor" / "ab" / "big.so").write_bytes(os.urandom(1 << 20) * 12)  # zstd's threads split it
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    one = build.pack_root(src, tiny_recipe(), tmp_path / "one.tar.zst")
+    two = build.pack_root(src, tiny_recipe(), tmp_path / "two.tar.zst")
+    assert one.created_at == two.created_at == "2023-11-14T22:13:20+00:00"
+    assert (tmp_path / "one.tar.zst").read_bytes() == (tmp_path / "two.tar.zst").read_bytes()
+    # The files keep their own times: restores (and FlashInfer's ninja) depend on them.
+    entry = one.files.by_path()["inductor/ab/big.so"]
+    assert entry.mtime_ns == (src / "inductor" / "ab" / "big.so").stat().st_mtime_ns
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(UsageError, match="SOURCE_DATE_EPOCH='yesterday'"):
+        build.pack_root(src, tiny_recipe(), tmp_path / "three.tar.zst")

@@ -1,0 +1,263 @@
+"""The command line as a person and a pipeline meet it: flags where they type them, usage errors
+that say what to type, dry runs that say so, output cut short by `head`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, make_cache_tree, run_warmer, tiny_recipe, write_tiny_recipe
+from warmer import build, restore
+from warmer.store import open_store
+
+
+def _env(**kw) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("WARMER_STORE", "WARMER_ROOT")}
+    return {**env, **kw}
+
+
+@pytest.fixture
+def store_with_one(tmp_path, packed):
+    """A file store holding one published artifact of the tiny recipe."""
+    store = open_store(f"file://{tmp_path / 'store'}")
+    p = packed("a")
+    return store, p, build.publish(store, p.path)
+
+
+# -- 4. -q after the command ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag", ["-q", "--quiet"])
+def test_quiet_after_the_command_silences_a_fetch(tmp_path, flag):
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    args = ["fetch", recipe, "--store", f"file://{tmp_path / 'empty'}", "--root", tmp_path / "root"]
+    loud = run_warmer(*args)
+    assert loud.returncode == 0 and "miss" in loud.stderr, loud.stderr
+    quiet = run_warmer(*args, flag)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    assert quiet.stdout == loud.stdout  # the env is still printed
+
+
+def test_quiet_after_the_command_is_the_same_as_before_it(tmp_path, store_with_one):
+    store, p, _ = store_with_one
+    url = f"{store.url}/index/tiny/{p.artifact.key[:12]}"
+    before = run_warmer("-q", "rm", url)
+    after = run_warmer("rm", url, "-q")
+    assert before.returncode == after.returncode == 0, after.stderr
+    assert before.stderr == after.stderr == ""  # the dry run's line is progress: quiet drops it
+
+
+# -- 5. --json covers argparse's errors; --store from the env is not "required" --------------------
+
+@pytest.mark.parametrize("argv", [["ls", "--json", "--no-such-flag"], ["gc", "--store", "file:///x", "--json"],
+                                  ["--json", "fetch", "--max-bytes", "lots"]])
+def test_json_covers_usage_errors_argparse_finds(argv):
+    out = run_warmer(*argv, env=_env())
+    assert out.returncode == 2
+    doc = json.loads(out.stdout)
+    assert doc["kind"] == "usage" and doc["exit_code"] == 2 and doc["error"]
+    assert "usage:" in out.stderr
+
+
+def test_store_is_the_flag_or_the_env_and_usage_says_neither_is_required(tmp_path):
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    missing = run_warmer("build", recipe, "--root", tmp_path / "root", env=_env())
+    assert missing.returncode == 2
+    assert "--store" in missing.stderr and "WARMER_STORE" in missing.stderr, missing.stderr
+    for env in (_env(), _env(WARMER_STORE=f"file://{tmp_path / 's'}")):
+        usage = run_warmer("build", "--help", env=env).stdout.split("\n\n")[0]
+        assert "[--store URL]" in usage and "[--root ROOT]" in usage, usage
+    json_missing = run_warmer("explain", recipe, "--json", env=_env())
+    assert json_missing.returncode == 2 and "WARMER_STORE" in json.loads(json_missing.stdout)["error"]
+
+
+# -- 6. did you mean ------------------------------------------------------------------------------
+
+def test_a_mistyped_command_gets_a_suggestion():
+    out = run_warmer("fecth", "x")
+    assert out.returncode == 2 and "did you mean fetch?" in out.stderr, out.stderr
+    out = run_warmer("matrix", "manifests", "--format", "gihub")
+    assert out.returncode == 2 and "did you mean github?" in out.stderr
+
+
+# -- 7. the env file's path, not the temporary one beside it ----------------------------------------
+
+def test_an_env_file_that_cannot_be_written_is_named(tmp_path, packed):
+    p = packed("a")
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    target = tmp_path / "no-such-dir" / "x.env"
+    out = run_warmer("restore", p.path, "--root", tmp_path / "root", "--recipe", recipe, "--env-file", target)
+    assert out.returncode == 1
+    assert str(target) in out.stderr and ".tmp" not in out.stderr, out.stderr
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        out = run_warmer("restore", p.path, "--root", tmp_path / "root2", "--recipe", recipe, "--env-file",
+                         locked / "x.env")
+        assert str(locked / "x.env") in out.stderr and ".tmp" not in out.stderr, out.stderr
+
+
+# -- 9. sizes --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size, ok", [("256GiB", True), ("512MiB", True), ("10GB", True), ("4096", True),
+                                      ("1e9", False), ("lots", False), ("10G", False), ("-1", False)])
+def test_max_bytes_takes_sizes_with_units(tmp_path, packed, size, ok):
+    from warmer import cli
+    if ok:
+        assert cli.parser().parse_args(["restore", "f", "--root", "r", "--max-bytes", size]).max_bytes == \
+            {"256GiB": 256 << 30, "512MiB": 512 << 20, "10GB": 10 ** 10, "4096": 4096}[size]
+        return
+    out = run_warmer("restore", "f", "--root", tmp_path, "--max-bytes", size)
+    assert out.returncode == 2 and "is not a size" in out.stderr and "256GiB" in out.stderr, out.stderr
+
+
+def test_max_bytes_with_a_unit_is_enforced(tmp_path, packed):
+    p = packed("a")
+    out = run_warmer("restore", p.path, "--root", tmp_path / "root", "--max-bytes", "1KiB")
+    assert out.returncode == 1 and "1024" in out.stderr, out.stderr
+    assert not (tmp_path / "root" / "vllm").exists()
+
+
+# -- 2. rm without --yes is a dry run ---------------------------------------------------------------
+
+def test_rm_without_yes_is_a_dry_run_that_says_what_it_would_do(store_with_one):
+    store, p, published = store_with_one
+    url = f"{store.url}/index/tiny/{p.artifact.key[:12]}"
+    dry = run_warmer("rm", url)
+    assert dry.returncode == 0, dry.stderr
+    assert "would remove" in dry.stderr and "would be deleted" in dry.stderr and "--yes" in dry.stderr
+    assert re.search(r"(?<!would be )deleted", dry.stderr) is None, dry.stderr  # nothing claims it happened
+    doc = json.loads(run_warmer("rm", url, "--json").stdout)
+    assert doc["dry_run"] is True and doc["would_delete_blob"] is True and "blob_deleted" not in doc
+    assert store.get_index("tiny", p.artifact.key) is not None and store.has_blob(published.blob)
+
+
+# -- 3. ls --recipe FILE, and the roots' ROOT column -------------------------------------------------
+
+def test_ls_takes_the_recipe_file_as_everywhere_else(tmp_path, store_with_one):
+    store, p, _ = store_with_one
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    by_file = run_warmer("ls", "--store", store.url, "--recipe", recipe, "--json")
+    by_name = run_warmer("ls", "--store", store.url, "--recipe", "tiny", "--json")
+    assert by_file.returncode == by_name.returncode == 0, by_file.stderr
+    assert [r["key"] for r in json.loads(by_file.stdout)] == [r["key"] for r in json.loads(by_name.stdout)] == \
+        [p.artifact.key]
+    absent = run_warmer("ls", "--store", store.url, "--recipe", tmp_path / "absent.toml")
+    assert absent.returncode == 2 and "absent.toml does not exist" in absent.stderr
+
+
+def test_ls_root_base_shows_each_root(tmp_path, packed):
+    base = tmp_path / "cache"
+    restore.restore_file(packed("a").path, base / "tiny")
+    out = run_warmer("ls", "--root-base", base)
+    assert out.returncode == 0, out.stderr
+    header, row = out.stdout.splitlines()
+    assert header.split()[:2] == ["RECIPE", "ROOT"] and row.split()[:2] == ["tiny", str(base / "tiny")]
+
+
+# -- 11. inspect for a person ------------------------------------------------------------------------
+
+def test_inspect_without_json_is_a_summary_and_with_json_the_json(store_with_one):
+    store, p, published = store_with_one
+    text = run_warmer("inspect", p.path)
+    assert text.returncode == 0, text.stderr
+    assert not text.stdout.lstrip().startswith("{")
+    for want in (p.artifact.key, "recipe:     tiny", p.artifact.created_at, "inductor", "signed:     no"):
+        assert want in text.stdout, text.stdout
+    entry = run_warmer("inspect", f"{store.url}/index/tiny/{p.artifact.key[:12]}").stdout
+    assert f"blob:       {published.blob}" in entry and "published" in entry
+    doc = json.loads(run_warmer("inspect", p.path, "--json").stdout)
+    assert doc["key"] == p.artifact.key and doc["signed"] is False
+
+
+# -- 8. a model path that is not there ------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["build", "verify"])
+def test_a_missing_model_path_is_a_usage_error_before_any_engine(tmp_path, command):
+    model = tmp_path / "models" / "absent"
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml", model_path=str(model))
+    args = [command, recipe, "--root", tmp_path / "root", "--workdir", tmp_path / "work"]
+    out = run_warmer(*args, *(["--store", f"file://{tmp_path / 's'}"] if command == "build" else []), timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert str(model) in out.stderr and "model.path" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "work").exists() or not list((tmp_path / "work").glob("*.log"))  # no engine ran
+
+
+# -- 15, 16. restore checks the recipe, and writes the env without one ------------------------------------
+
+def test_restore_refuses_another_recipes_env_unless_forced(tmp_path, packed):
+    p = packed("a")  # built for tiny_recipe(): max_model_len 128
+    other = write_tiny_recipe(tmp_path / "longer.toml", max_model_len=256)
+    root, env_file = tmp_path / "root", tmp_path / "vllm.env"
+    out = run_warmer("restore", p.path, "--root", root, "--recipe", other, "--env-file", env_file)
+    assert out.returncode == 2, out.stderr
+    assert "max_model_len" in out.stderr and "128" in out.stderr and "256" in out.stderr and "--force" in out.stderr
+    assert not root.exists() and not env_file.exists()  # refused before anything was written
+    renamed = tmp_path / "other.toml"
+    renamed.write_text(write_tiny_recipe(tmp_path / "t.toml").read_text().replace('name = "tiny"', 'name = "other"'))
+    out = run_warmer("restore", p.path, "--root", root, "--recipe", renamed)
+    assert out.returncode == 2 and "recipe tiny" in out.stderr and "recipe other" in out.stderr
+    forced = run_warmer("restore", p.path, "--root", root, "--recipe", other, "--env-file", env_file, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "--force" in forced.stderr and env_file.exists()
+
+
+def test_restore_writes_the_env_from_the_artifact_when_no_recipe_is_given(tmp_path, packed):
+    p = packed("a")
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    root = tmp_path / "root"
+    with_recipe, without = tmp_path / "with.env", tmp_path / "without.env"
+    out = run_warmer("restore", p.path, "--root", root, "--recipe", recipe, "--env-file", with_recipe)
+    assert out.returncode == 0, out.stderr
+    out = run_warmer("restore", p.path, "--root", root, "--env-file", without)
+    assert out.returncode == 0, out.stderr
+    assert without.read_text() == with_recipe.read_text()
+    assert f"VLLM_CACHE_ROOT={root / 'vllm'}" in without.read_text()
+
+
+def test_a_recipe_rebuilt_from_an_artifact_is_the_recipe_it_was_built_with(packed):
+    from warmer.recipe import Recipe
+
+    for recipe in (tiny_recipe(), tiny_recipe(max_num_seqs=4)):
+        art = packed(f"r{len(recipe.engine)}", recipe=recipe).artifact
+        assert Recipe.from_artifact(art).digest() == art.recipe.digest == recipe.digest()
+
+
+# -- 17. stdout closed early -----------------------------------------------------------------------
+
+def _closed_stdout(*args) -> subprocess.CompletedProcess:
+    """The CLI with a stdout whose reader is gone before it writes (as after `| head -c1`)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "warmer", *map(str, args)], stdout=write,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=120)
+    finally:
+        os.close(write)
+    return proc
+
+
+@pytest.mark.parametrize("command", ["ls", "ls-json", "inspect", "fetch"])
+def test_a_closed_stdout_ends_quietly_as_coreutils_do(tmp_path, store_with_one, command):
+    store, p, _ = store_with_one
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml", model_path="/models/other")  # a miss: the env goes to stdout
+    args = {"ls": ["ls", "--store", store.url], "ls-json": ["ls", "--store", store.url, "--json"],
+            "inspect": ["inspect", p.path], "fetch": ["fetch", recipe, "--store", store.url, "--root",
+                                                      tmp_path / "root", "-q"]}[command]
+    proc = _closed_stdout(*args)
+    assert proc.stderr == "", proc.stderr  # no traceback, no error line
+    assert proc.returncode == -signal.SIGPIPE  # the shell says 141, as for `ls | head`
+    yes = subprocess.run("yes | head -c1 >/dev/null; echo ${PIPESTATUS[0]}", shell=True, executable="/bin/bash",
+                         capture_output=True, text=True)
+    assert yes.stdout.strip() == str(128 + signal.SIGPIPE)  # what coreutils do, for comparison
+
+
+def test_a_store_that_is_not_there_is_still_an_error_with_a_closed_stdout(tmp_path):
+    proc = _closed_stdout("ls", "--store", f"file://{tmp_path / 'absent'}")
+    assert proc.returncode == 1 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,81 @@
+"""The operator's own mistakes are loud (exit 2 on fetch too, a UsageError from the API), and only
+what lies past them (the network, the store's contents, the disk) is a miss. After a refused or
+failed restore, the env describes no artifact: a slow start never turns into a failed one."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import run_warmer, tiny_recipe, write_tiny_recipe
+from warmer import api, build, fetch
+from warmer.components import flashinfer
+from warmer.errors import UsageError
+from warmer.store import blob_path, open_store
+
+BAD_STORES = ["http://example.com/warmer", "gs://bucket/warmer", "s3://", "s3:///prefix", "file://relative/dir",
+              "relative/dir", "oci://registry.example.com:5000", "oci://", ""]
+
+
+@pytest.mark.parametrize("url", BAD_STORES)
+def test_a_malformed_store_url_is_a_usage_error_on_fetch(url, tmp_path):
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    out = run_warmer("fetch", recipe, "--store", url, "--root", tmp_path / "root")
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert "store" in out.stderr.lower() and "Traceback" not in out.stderr
+    assert not (tmp_path / "root").exists()  # nothing prepared for a fetch that never was
+    with pytest.raises(UsageError):
+        api.fetch(tiny_recipe(), url, tmp_path / "root")
+
+
+def test_a_trusted_key_that_cannot_be_read_is_a_usage_error_even_on_a_miss(tmp_path):
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    (tmp_path / "store").mkdir()
+    out = run_warmer("fetch", recipe, "--store", f"file://{tmp_path / 'store'}", "--root", tmp_path / "root",
+                     "--trusted-key", tmp_path / "no-such.pem")
+    assert out.returncode == 2 and "no-such.pem" in out.stderr, out.stderr
+
+
+def test_a_file_store_that_does_not_exist_is_said_not_read_as_empty(tmp_path):
+    missing = f"file://{tmp_path / 'not-mounted'}"
+    got = api.fetch(tiny_recipe(), missing, tmp_path / "root")
+    assert got.status == "miss" and any("does not exist" in w for w in got.warnings), got.warnings
+    out = run_warmer("ls", "--store", missing)
+    assert out.returncode == 1 and "does not exist" in out.stderr, out.stderr
+
+
+CUBIN = f"{flashinfer.CUBINS}abc/fmha/kernel.cubin"
+
+
+@pytest.fixture
+def with_cubins(tmp_path, packed):
+    """A published artifact whose warm-up downloaded a cubin: its env points FlashInfer at them."""
+    store = open_store(f"file://{tmp_path / 'store'}")
+    result = build.publish(store, packed("a", extra={CUBIN: b"\x7fELF cubin"}).path)
+    return store, result
+
+
+def test_a_restored_artifact_gets_its_cubin_dir_and_the_download_ban_offline(with_cubins, tmp_path):
+    store, _ = with_cubins
+    got = fetch.fetch(tiny_recipe(), store, tmp_path / "root", offline=True)
+    assert got.status == "hit"
+    assert got.env["FLASHINFER_CUBIN_DIR"].endswith(flashinfer.CUBINS.rstrip("/"))
+    assert got.env["FLASHINFER_NO_DOWNLOAD"] == "1"
+
+
+def test_a_failed_restore_leaves_an_env_that_describes_no_artifact(with_cubins, tmp_path):
+    store, result = with_cubins
+    blob = store.base / blob_path(result.blob)
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the store's copy is damaged: the restore is refused
+    blob.write_bytes(bytes(data))
+    got = fetch.fetch(tiny_recipe(), store, tmp_path / "root", offline=True)
+    assert got.status == "error", got.warnings
+    assert "FLASHINFER_CUBIN_DIR" not in got.env and "FLASHINFER_NO_DOWNLOAD" not in got.env, got.env.vars
+    assert any("FLASHINFER_NO_DOWNLOAD" in w and "not set" in w for w in got.warnings), got.warnings
+    assert got.env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "root" / "inductor")  # vLLM still compiles there
+
+
+def test_a_miss_never_bans_downloads_even_for_an_offline_recipe(tmp_path):
+    (tmp_path / "store").mkdir()
+    got = fetch.fetch(tiny_recipe(), f"file://{tmp_path / 'store'}", tmp_path / "root", offline=True)
+    assert got.status == "miss" and "FLASHINFER_NO_DOWNLOAD" not in got.env

@@ -1,0 +1,140 @@
+"""The serving process owns what it writes: a root warmer hands to vLLM is one the serving user can
+write (torch and vLLM write locks and temporary files into it even on a full hit), or it is not
+handed at all. Two real users: root restores, uid 1000 serves.
+
+uid 1000 runs through setpriv with one ambient capability, CAP_DAC_READ_SEARCH, so that it can
+reach this machine's interpreter (under /root, 0700) and the tests' files: it reads and searches
+any directory, and writes only where its uid may, which is all these tests are about."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, write_tiny_recipe
+from warmer import build, restore, serving
+from warmer.recipe import load
+from warmer.store import open_store
+
+SERVING = 1000
+pytestmark = pytest.mark.skipif(
+    (os.geteuid() != 0 or not shutil.which("setpriv")) and os.environ.get("CI") != "true",
+    reason="needs root and setpriv (util-linux) to act as two users")
+
+
+@pytest.fixture
+def shared(tmp_path):
+    """A directory both users can reach (pytest's own is 0700): root-owned, 0755, like a hostPath."""
+    top = Path(tempfile.mkdtemp(prefix="warmer-own-", dir="/tmp"))
+    top.chmod(0o755)
+    yield top
+    shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture
+def node(shared, packed):
+    """A file store with the tiny recipe's artifact, and the recipe file."""
+    store = shared / "store"
+    build.publish(open_store(f"file://{store}"), packed("a").path)
+    recipe = write_tiny_recipe(shared / "tiny.toml")
+    home = shared / "home"
+    home.mkdir()
+    os.chown(home, SERVING, SERVING)
+    return {"store": f"file://{store}", "recipe": recipe, "home": home, "base": shared / "cache"}
+
+
+def warmer(*args, uid: int | None = None, home: Path | None = None) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "warmer", *map(str, args)]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    if uid is not None:
+        argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=+dac_read_search",
+                "--ambient-caps=+dac_read_search", *argv]
+        env["HOME"] = str(home)
+    return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+
+
+def env_of(out: subprocess.CompletedProcess) -> dict[str, str]:
+    """The `export K=V` lines of serve --dry-run."""
+    return dict(line[len("export "):].split("=", 1) for line in out.stdout.splitlines() if line.startswith("export "))
+
+
+def test_a_root_owned_root_is_never_handed_to_vllm(node):
+    """As a root systemd unit or a root image build leaves it: served by uid 1000, vLLM would crash."""
+    root = node["base"] / "tiny"
+    out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--require")
+    assert out.returncode == 0 and os.stat(root / "inductor").st_uid == 0, out.stderr
+    cold = serving.cold_root(load(node["recipe"]), SERVING)
+
+    refused = warmer("serve", node["recipe"], "--root", root, "--dry-run", "--require-hit", uid=SERVING,
+                     home=node["home"])
+    assert refused.returncode == 3, refused.stderr
+    assert f"{root} is not writable by this user (uid {SERVING})" in refused.stderr
+    assert f"chown -R {SERVING}:GID {root}" in refused.stderr and f"--owner {SERVING}:GID" in refused.stderr
+
+    cold_start = warmer("serve", node["recipe"], "--root", root, "--dry-run", uid=SERVING, home=node["home"])
+    assert cold_start.returncode == 0, cold_start.stderr
+    env = env_of(cold_start)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(cold / "inductor") and env["TMPDIR"] == str(cold / "tmp")
+    assert not [v for v in env.values() if v.startswith(str(root))]  # nothing points into the root
+    assert os.stat(cold).st_uid == SERVING and stat.S_IMODE(os.stat(cold).st_mode) == 0o700
+    shutil.rmtree(cold)
+
+    doctor = warmer("doctor", "--root", root, "--json", uid=SERVING, home=node["home"])
+    assert doctor.returncode == 5, doctor.stdout + doctor.stderr
+    import json
+    [finding] = [f for f in json.loads(doctor.stdout)["findings"] if f["check"] == "ownership"]
+    assert finding["severity"] == "error" and f"uid {SERVING}" in finding["what"]
+    assert f"chown -R {SERVING}:{SERVING} {root}" in finding["fix"]
+
+
+def test_owner_hands_the_restored_root_to_the_serving_user(node):
+    root = node["base"] / "tiny"
+    out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--owner",
+                 f"{SERVING}:{SERVING}", "--require")
+    assert out.returncode == 0, out.stderr
+    owners = {(st.st_uid, st.st_gid) for p in [root, *root.rglob("*")] for st in [os.lstat(p)]}
+    assert owners == {(SERVING, SERVING)}
+    lock = restore.lock_path(root)
+    assert (os.stat(lock).st_uid, stat.S_IMODE(os.stat(lock).st_mode)) == (SERVING, 0o600)
+
+    served = warmer("serve", node["recipe"], "--root", root, "--dry-run", "--require-hit", uid=SERVING,
+                    home=node["home"])
+    assert served.returncode == 0, served.stderr
+    assert env_of(served)["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
+    again = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--json", uid=SERVING,
+                   home=node["home"])
+    assert again.returncode == 0 and '"status": "already-active"' in again.stdout, again.stderr
+    doctor = warmer("doctor", "--root", root, "--json", uid=SERVING, home=node["home"])
+    assert '"check": "ownership"' not in doctor.stdout
+
+
+def test_a_fetch_that_cannot_write_its_root_points_vllm_elsewhere(node):
+    """The issue's case: uid 1000 fetches under a directory kubelet made root-owned (hostPath
+    DirectoryOrCreate). The pod must start (cold), never crash on PermissionError."""
+    node["base"].mkdir(mode=0o755)
+    root, env_file = node["base"] / "tiny", node["home"] / "vllm.env"
+    out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--env-file", env_file,
+                 uid=SERVING, home=node["home"])
+    assert out.returncode == 0, out.stderr
+    assert f"{root} is not writable by uid {SERVING}" in out.stderr and "Fix:" in out.stderr
+    cold = serving.cold_root(load(node["recipe"]), SERVING)
+    written = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+    assert written["TORCHINDUCTOR_CACHE_DIR"] == str(cold / "inductor")
+    assert not [v for v in written.values() if v.startswith(str(root))]
+    required = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--require",
+                      uid=SERVING, home=node["home"])
+    assert required.returncode == 3, required.stderr
+
+
+def test_owner_needs_root(node):
+    out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", node["home"] / "r", "--owner", "0:0",
+                 uid=SERVING, home=node["home"])
+    assert out.returncode == 2 and "--owner 0:0 needs root" in out.stderr, out.stderr
+    assert not (node["home"] / "r").exists()
