@@ -6,7 +6,6 @@ Each engine start takes tens of seconds on a 2-core machine; these tests take mi
 import http.client
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -20,7 +19,7 @@ import pytest
 
 from tests.conftest import REPO, run_python
 from warmer import recipe as recipes
-from warmer import components, verify, warmup
+from warmer import components, serving, verify, warmup
 
 pytestmark = pytest.mark.e2e
 TINY = REPO / "manifests" / "models" / "tiny-llama-cpu.toml"
@@ -144,12 +143,19 @@ def served(recipe_file, root, env_file, tiny_model, tmp_path, *, extra_env: dict
 AOT_DIR = "vllm/torch_compile_cache/torch_aot_compile/"
 
 
+@pytest.fixture(scope="module")
+def tiny_build(tmp_path_factory, tiny_model):
+    """`warmer build` of the tiny recipe into a file store, once for the tests that serve it."""
+    work = tmp_path_factory.mktemp("loop")
+    store = f"file://{work / 'store'}"
+    out = warmer("build", TINY, "--store", store, "--root", work / "build-root", "--workdir", work / "work", "--json",
+                 model=tiny_model)
+    return {"out": out, "built": json.loads(out.stdout), "store": store}
+
+
 @requires_vllm
-def test_build_fetch_verify_with_zero_recompiled_files(tmp_path, tiny_model, s3_url):
-    store = f"file://{tmp_path / 'store'}"
-    out = warmer("build", TINY, "--store", store, "--root", tmp_path / "build-root",
-                 "--workdir", tmp_path / "work", "--json", model=tiny_model)
-    built = json.loads(out.stdout)
+def test_build_fetch_verify_with_zero_recompiled_files(tmp_path, tiny_model, s3_url, tiny_build):
+    store, out, built = tiny_build["store"], tiny_build["out"], tiny_build["built"]
     assert built["status"] == "published"
     assert built["uncovered"] == [] and "uncovered cache" not in out.stderr  # every file it wrote is packed
     assert built["verify"]["verdict"] == "hit", built["verify"]
@@ -178,16 +184,8 @@ def test_build_fetch_verify_with_zero_recompiled_files(tmp_path, tiny_model, s3_
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(node_root / "inductor")
 
     verified(node_root, tmp_path, tiny_model, built)
-    # A person at a terminal sees each step start and end, with the engine's log (not with --json).
+    # The step lines are for a person at a terminal (tests/unit/test_build_steps.py): not with --json.
     assert "engine run" not in out.stderr and "warmer: verify:" not in out.stderr
-    seen = warmer("verify", TINY, "--root", node_root, "--workdir", tmp_path / "work-seen", model=tiny_model)
-    steps = [ln for ln in seen.stderr.splitlines() if ln.startswith("warmer: verify: ")]
-    log = tmp_path / "work-seen" / "verify.log"
-    assert steps[0] == "warmer: verify: FlashInfer ninja dry run ...", seen.stderr
-    assert f"warmer: verify: engine run on {node_root} ... (log {log})" in steps, seen.stderr
-    assert [ln for ln in steps if re.fullmatch(rf"warmer: verify: engine run on {re.escape(str(node_root))} done in "
-                                               rf"\d+\.\d s: 0 recompiled file\(s\) \(log {re.escape(str(log))}\)", ln)]
-    assert "verdict: hit" in seen.stdout
 
     # Production serves through `warmer serve` (vLLM's API server, not LLM()): with the recipe's engine
     # args as flags, what LLM() compiled is what the server looks up.
@@ -225,6 +223,55 @@ def test_build_fetch_verify_with_zero_recompiled_files(tmp_path, tiny_model, s3_
     cached = [rel for rel, _ in sorted(verify.snapshot(s3_root).items()) if components.of_path(rel)]
     assert cached and all((s3_root / rel).read_bytes() == (node_root / rel).read_bytes() for rel in cached
                           if not rel.startswith("tmp/"))
+
+
+SERVING = 1000  # the pods' uid; root (these tests) restores
+AS_SERVING = ["setpriv", f"--reuid={SERVING}", f"--regid={SERVING}", "--clear-groups",
+              "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+two_users = pytest.mark.skipif((os.geteuid() != 0 or not shutil.which("setpriv")) and os.environ.get("CI") != "true",
+                               reason="needs root and setpriv (util-linux) to act as two users")
+
+
+@requires_vllm
+@two_users
+def test_root_restores_uid_1000_serves_warm_with_the_handover_cold_without(tmp_path, tiny_model, tiny_build):
+    """Root restores (a systemd unit, an image build), uid 1000 serves (the pod). With the handover
+    (`--owner`) the start is warm; without it, `warmer serve` sends vLLM to a directory of its own,
+    where it starts cold; never does vLLM crash on the lock files torch and vLLM write into the
+    root even on a hit. uid 1000 runs through setpriv with CAP_DAC_READ_SEARCH only: it reads and
+    searches any directory (this machine's interpreter is under /root, 0700); it writes only
+    where its uid may, which is all this test is about."""
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chown(home, SERVING, SERVING)
+    as_pod = {"HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def restore_as_root(root, *extra):
+        warmer("restore", tiny_build["built"]["artifact"], "--root", root, *extra, model=tiny_model)
+
+    handed = tmp_path / "cache-handed" / "tiny-llama-cpu"
+    restore_as_root(handed, "--owner", f"{SERVING}:{SERVING}")
+    warm = served(TINY, handed, None, tiny_model, tmp_path, extra_env=as_pod, label="serve-handed",
+                  as_user=AS_SERVING)
+    assert "PermissionError" not in warm["text"]
+    assert warm["files"]["recompiled_files"] == 0, warm["files"]
+    assert not [e for e in warmup.RECOMPILE_EVENTS if warm["log"]["events"][e]], warm["log"]
+
+    kept = tmp_path / "cache-root" / "tiny-llama-cpu"  # restored by root, no handover: root-owned
+    restore_as_root(kept)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WARMER_TINY_MODEL", str(tiny_model))
+        cold_root = serving.cold_root(recipes.load(TINY), SERVING)
+    shutil.rmtree(cold_root, ignore_errors=True)
+    try:
+        cold = served(TINY, kept, None, tiny_model, tmp_path, extra_env=as_pod, label="serve-root-owned",
+                      as_user=AS_SERVING)
+        assert "PermissionError" not in cold["text"]
+        assert f"{kept} is not writable by this user (uid {SERVING})" in cold["text"]
+        assert cold["files"]["recompiled_files"] == 0  # nothing written into the root it could not write
+        assert any(p.suffix == ".so" for p in (cold_root / "inductor").rglob("*")), "vLLM did not compile there"
+    finally:
+        shutil.rmtree(cold_root, ignore_errors=True)
 
 
 def _variant(tmp_path, name: str, aot: str | None) -> Path:
