@@ -171,17 +171,15 @@ def plan(recipe: Recipe, root: Path, extra: list[str] = (), *, env_file: EnvFile
         env = env.merged(env_file.vars)
     environ = {**(os.environ if base is None else base), **env.vars}
     differences: tuple = ()
-    if problem is not None:
-        pass
-    elif marker is None:
-        warnings.append(f"no warmed cache is active in {root}: vLLM compiles from cold (slow start); see why in "
-                        "`warmer fetch`'s output (kubectl logs POD -c warmer-fetch), or run it first")
-    else:
+    if marker is not None:
         if marker.artifact.recipe.name != recipe.name:
             warnings.append(f"the artifact active in {root} is recipe {marker.artifact.recipe.name}'s, not {recipe.name}'s")
         if marker.artifact.vllm:
             differences = tuple(marker.artifact.vllm.differences(environ))
             warnings += [d.line() for d in differences]
+    elif problem is None:  # an unwritable root is said above
+        warnings.append(f"no warmed cache is active in {root}: vLLM compiles from cold (slow start); see why in "
+                        "`warmer fetch`'s output (kubectl logs POD -c warmer-fetch), or run it first")
     hashed = hashed_extra_flags(list(extra))
     if hashed:
         warnings.append(f"extra flag(s) {', '.join(hashed)} are engine args vLLM hashes into its compile key, "

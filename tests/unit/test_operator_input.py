@@ -79,3 +79,13 @@ def test_a_miss_never_bans_downloads_even_for_an_offline_recipe(tmp_path):
     (tmp_path / "store").mkdir()
     got = fetch.fetch(tiny_recipe(), f"file://{tmp_path / 'store'}", tmp_path / "root", offline=True)
     assert got.status == "miss" and "FLASHINFER_NO_DOWNLOAD" not in got.env
+
+
+def test_a_file_store_keeps_the_fetchs_deadline(tmp_path):
+    """A shared directory (NFS) can stall as a bucket can: the download is bounded by the same deadline."""
+    from warmer.deadline import Deadline
+
+    bound = Deadline(7)
+    assert open_store(f"file://{tmp_path}", deadline=bound).deadline is bound
+    assert open_store(str(tmp_path), deadline=bound).deadline is bound
+    assert open_store(f"file://{tmp_path}").deadline is not open_store(f"file://{tmp_path}").deadline  # each its own

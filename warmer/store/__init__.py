@@ -19,7 +19,7 @@ import re
 from datetime import datetime
 from typing import NamedTuple
 
-from warmer.deadline import Deadline, unbounded
+from warmer.deadline import Deadline
 from warmer.errors import StoreError, UntrustedInput, UsageError
 from warmer.store.stream import BlobCorrupt, BlobMissing, BlobStream
 
@@ -84,8 +84,8 @@ class Store(abc.ABC):
     """A store: the shared rules here, the transport in each backend."""
 
     url: str
-    # Bounds every request and retry of this store (warmer.deadline); a fetch sets its own.
-    deadline: Deadline = unbounded()
+    # Bounds every request and retry of this store (warmer.deadline), each store its own; a fetch sets it.
+    deadline: Deadline
 
     # -- what every store does the same way ---------------------------------------------------
 
@@ -186,9 +186,9 @@ def open_store(url: str, *, endpoint_url: str | None = None, path_style: bool | 
     from warmer.store.file import FileStore
 
     if url.startswith("file://"):
-        return FileStore(url[len("file://"):])
+        return FileStore(url[len("file://"):], deadline=deadline)
     if "://" not in url:
-        return FileStore(url)
+        return FileStore(url, deadline=deadline)
     scheme = url.split("://", 1)[0]
     raise UsageError(f"store {url!r}: scheme {scheme}:// is not supported; "
                      "use file:///path/to/dir, s3://bucket/prefix or oci://registry/repository")

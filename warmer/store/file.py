@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
 
+from warmer.deadline import Deadline, unbounded
 from warmer.errors import UsageError
 from warmer.store import (Blob, BlobCorrupt, BlobMissing, BlobStream, NotARegularFile, Store, StoreError, blob_path,
                           index_path, parse_blob_path, parse_index_path)
@@ -44,11 +45,12 @@ def open_regular(path: str | os.PathLike, what: str) -> BinaryIO | None:
 
 
 class FileStore(Store):
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, deadline: Deadline | None = None):
         if not path or not os.path.isabs(path):
             raise UsageError(f"file store path {path!r} must be absolute, e.g. file:///var/lib/warmer/store")
         self.base = Path(path)
         self.url = "file://" + path
+        self.deadline = deadline or unbounded()  # a shared directory (NFS) can stall too
 
     def prepare(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
