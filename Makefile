@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit bench clean oci-registry gpu-wheels
+.PHONY: install lint demo test test-unit bench clean oci-registry gpu-wheels
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,14 @@ oci-registry:
 	  || echo "make: could not install docker-registry through apt: the OCI store tests will skip"; \
 	else echo "make: docker-registry is not installed (root and apt install it): the OCI store tests will skip"; fi
 
-# The whole suite: unit tests, then the real loop on vLLM's CPU engine.
-test: install oci-registry
+# ruff (lint and format) and mypy (strict on the domain modules): pyproject.toml says what.
+lint: install
+	$(PY) -m ruff check warmer
+	$(PY) -m ruff format --check warmer
+	$(PY) -m mypy
+
+# The whole suite: the shape's checks, unit tests, then the real loop on vLLM's CPU engine.
+test: install oci-registry lint
 	$(PY) -m pytest -ra
 
 test-unit: install oci-registry

@@ -25,11 +25,16 @@ from typing import TYPE_CHECKING
 
 # What a node's fetch does not use (build, catalog, doctor, fleet, verify) is imported by the
 # function that needs it: about 20 ms of every `warmer fetch` (BENCHMARKS.md, "Against the link").
-from warmer import explain as _explain, fetch as _fetch, fingerprint as _fingerprint, flashinfer_jit
-from warmer import matrix as _matrix, restore as _restore, serving, signing
+from warmer import explain as _explain
+from warmer import fetch as _fetch
+from warmer import fingerprint as _fingerprint
+from warmer import flashinfer_jit, serving, signing
+from warmer import matrix as _matrix
+from warmer import restore as _restore
 from warmer.artifact import Artifact
 from warmer.atomic import write_bytes
-from warmer.deadline import DEFAULT_S as DEFAULT_DEADLINE_S, Deadline
+from warmer.deadline import DEFAULT_S as DEFAULT_DEADLINE_S
+from warmer.deadline import Deadline
 from warmer.entry import IndexEntry
 from warmer.envfile import EnvFile
 from warmer.errors import UsageError, WarmerError
@@ -37,7 +42,10 @@ from warmer.recipe import Recipe, load
 from warmer.store import NAME, Store, open_store
 
 if TYPE_CHECKING:
-    from warmer import build as _build, catalog, doctor as _doctor, fleet, verify as _verify
+    from warmer import build as _build
+    from warmer import catalog, fleet
+    from warmer import doctor as _doctor
+    from warmer import verify as _verify
 
 PathLike = str | os.PathLike
 _log = logging.getLogger("warmer")
@@ -53,8 +61,9 @@ def store(url: str | Store, **options) -> Store:
 
 
 def fingerprint(*, root: PathLike | None = None, recipe_file: PathLike | None = None) -> _fingerprint.Fingerprint:
-    return _fingerprint.probe(root=os.path.abspath(root) if root else None,
-                              model=load(recipe_file).model if recipe_file else None)
+    return _fingerprint.probe(
+        root=os.path.abspath(root) if root else None, model=load(recipe_file).model if recipe_file else None
+    )
 
 
 def explain(recipe_file: PathLike | Recipe, store_url: str | Store, **store_options) -> _explain.Explanation:
@@ -62,12 +71,27 @@ def explain(recipe_file: PathLike | Recipe, store_url: str | Store, **store_opti
     return _explain.explain(store(store_url, **store_options), r, _fingerprint.probe(model=r.model))
 
 
-def build(recipe_file: PathLike | Recipe, store_url: str | Store, root: PathLike, *, workdir: PathLike | None = None,
-          allow_partial: bool = False, sign_key: PathLike | None = None, **store_options) -> _build.BuildResult:
+def build(
+    recipe_file: PathLike | Recipe,
+    store_url: str | Store,
+    root: PathLike,
+    *,
+    workdir: PathLike | None = None,
+    allow_partial: bool = False,
+    sign_key: PathLike | None = None,
+    **store_options,
+) -> _build.BuildResult:
     from warmer import build as _build
+
     work = Path(workdir).absolute() if workdir else Path(tempfile.mkdtemp(prefix="warmer-"))
-    return _build.build(recipe(recipe_file), store(store_url, **store_options), Path(root), work,
-                        allow_partial=allow_partial, sign_key=sign_key)
+    return _build.build(
+        recipe(recipe_file),
+        store(store_url, **store_options),
+        Path(root),
+        work,
+        allow_partial=allow_partial,
+        sign_key=sign_key,
+    )
 
 
 @dataclass(frozen=True)
@@ -84,22 +108,41 @@ class Packed:
 
 def pack(root: PathLike, recipe_file: PathLike | Recipe, output: PathLike, *, level: int = 3) -> Packed:
     from warmer import build as _build
+
     art = _build.pack_root(Path(root), recipe(recipe_file), Path(output), level=level)
     return Packed(str(output), art.key, len(art.files), art.total_bytes, os.path.getsize(output))
 
 
-def publish(artifact_file: PathLike, store_url: str | Store, *, sign_key: PathLike | None = None,
-            deadline: float | None = None, **store_options) -> _build.PublishResult:
+def publish(
+    artifact_file: PathLike,
+    store_url: str | Store,
+    *,
+    sign_key: PathLike | None = None,
+    deadline: float | None = None,
+    **store_options,
+) -> _build.PublishResult:
     """deadline: seconds the whole publish may take (None: only per-request timeouts and retries)."""
     from warmer import build as _build
-    return _build.publish(store(store_url, **store_options), Path(artifact_file), sign_key,
-                          deadline=Deadline(deadline, "publish"))
+
+    return _build.publish(
+        store(store_url, **store_options), Path(artifact_file), sign_key, deadline=Deadline(deadline, "publish")
+    )
 
 
-def fetch(recipe_file: PathLike | Recipe, store_url: str | Store, root: PathLike, *, gpus_from: PathLike | None = None,
-          trusted_keys=(), max_bytes: int = _restore.DEFAULT_MAX_BYTES, offline: bool = False,
-          lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT, deadline: float | None = DEFAULT_DEADLINE_S,
-          owner: tuple[int, int] | None = None, **store_options) -> _fetch.FetchResult:
+def fetch(
+    recipe_file: PathLike | Recipe,
+    store_url: str | Store,
+    root: PathLike,
+    *,
+    gpus_from: PathLike | None = None,
+    trusted_keys=(),
+    max_bytes: int = _restore.DEFAULT_MAX_BYTES,
+    offline: bool = False,
+    lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT,
+    deadline: float | None = DEFAULT_DEADLINE_S,
+    owner: tuple[int, int] | None = None,
+    **store_options,
+) -> _fetch.FetchResult:
     """A miss, an unreachable or slow store, or a bad artifact is a result (status), not an exception;
     the operator's own input (the recipe, the store URL, a key or fingerprint file) raises UsageError.
     deadline: seconds the whole fetch may take (index, download, restore), then a miss. owner:
@@ -107,43 +150,82 @@ def fetch(recipe_file: PathLike | Recipe, store_url: str | Store, root: PathLike
     gpus = _fingerprint.saved_gpus(gpus_from) if gpus_from else None
     # The recipe's schema check runs while the first bytes download (fetch calls checked()).
     r = recipe_file if isinstance(recipe_file, Recipe) else load(recipe_file, schema_later=True)
-    return _fetch.fetch(r, store_url, Path(root), max_bytes=max_bytes,
-                        trusted_keys=tuple(trusted_keys), gpus=gpus, offline=offline, lock_timeout=lock_timeout,
-                        deadline=Deadline(deadline), owner=owner,
-                        store_options={k: v for k, v in store_options.items() if v is not None})
+    return _fetch.fetch(
+        r,
+        store_url,
+        Path(root),
+        max_bytes=max_bytes,
+        trusted_keys=tuple(trusted_keys),
+        gpus=gpus,
+        offline=offline,
+        lock_timeout=lock_timeout,
+        deadline=Deadline(deadline),
+        owner=owner,
+        store_options={k: v for k, v in store_options.items() if v is not None},
+    )
 
 
-def fetch_all(manifests: PathLike, store_url: str, root_base: PathLike, *, parallel: int = 2,
-              skus: PathLike | None = None, trusted_keys=(), max_bytes: int = _restore.DEFAULT_MAX_BYTES,
-              offline: bool = False, lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT,
-              deadline: float | None = DEFAULT_DEADLINE_S, owner: tuple[int, int] | None = None,
-              **store_options) -> list[fleet.Outcome]:
+def fetch_all(
+    manifests: PathLike,
+    store_url: str,
+    root_base: PathLike,
+    *,
+    parallel: int = 2,
+    skus: PathLike | None = None,
+    trusted_keys=(),
+    max_bytes: int = _restore.DEFAULT_MAX_BYTES,
+    offline: bool = False,
+    lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT,
+    deadline: float | None = DEFAULT_DEADLINE_S,
+    owner: tuple[int, int] | None = None,
+    **store_options,
+) -> list[fleet.Outcome]:
     """Every recipe under manifests whose targets include this node's SKU, into root_base/RECIPE.
     deadline bounds the whole run: each recipe's fetch ends by it (a miss past it)."""
     from warmer import fleet
-    return fleet.fetch_all(Path(manifests), store_url, Path(root_base), parallel=parallel,
-                           skus=Path(skus) if skus else None,
-                           store_options={k: v for k, v in store_options.items() if v is not None},
-                           trusted_keys=tuple(trusted_keys), max_bytes=max_bytes, offline=offline,
-                           lock_timeout=lock_timeout, deadline=Deadline(deadline, "fetch --all"), owner=owner)
+
+    return fleet.fetch_all(
+        Path(manifests),
+        store_url,
+        Path(root_base),
+        parallel=parallel,
+        skus=Path(skus) if skus else None,
+        store_options={k: v for k, v in store_options.items() if v is not None},
+        trusted_keys=tuple(trusted_keys),
+        max_bytes=max_bytes,
+        offline=offline,
+        lock_timeout=lock_timeout,
+        deadline=Deadline(deadline, "fetch --all"),
+        owner=owner,
+    )
 
 
 def write_fetch_metrics(path: PathLike, outcomes: list[fleet.Outcome]) -> None:
     """node_exporter textfile-collector metrics of fetch outcomes, replaced whole."""
     from warmer import fleet
+
     fleet.write_metrics(Path(path), outcomes)
 
 
 def local_roots(root_base: PathLike) -> list[fleet.LocalRoot]:
     from warmer import fleet
+
     return fleet.local_roots(Path(root_base))
 
 
-def restore(artifact_file: PathLike, root: PathLike, *, recipe_file: PathLike | Recipe | None = None,
-            trusted_keys=(), signature_file: PathLike | None = None,
-            max_bytes: int = _restore.DEFAULT_MAX_BYTES, force: bool = False,
-            lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT, owner: tuple[int, int] | None = None,
-            progress: bool = False) -> _restore.RestoreResult:
+def restore(
+    artifact_file: PathLike,
+    root: PathLike,
+    *,
+    recipe_file: PathLike | Recipe | None = None,
+    trusted_keys=(),
+    signature_file: PathLike | None = None,
+    max_bytes: int = _restore.DEFAULT_MAX_BYTES,
+    force: bool = False,
+    lock_timeout: float = _restore.DEFAULT_LOCK_TIMEOUT,
+    owner: tuple[int, int] | None = None,
+    progress: bool = False,
+) -> _restore.RestoreResult:
     """recipe_file: the recipe the root will be served with (its env written from it): an artifact
     built for another recipe is refused before anything is written, unless force."""
     signature = signing.read_sidecar(Path(signature_file)) if signature_file else None
@@ -151,9 +233,17 @@ def restore(artifact_file: PathLike, root: PathLike, *, recipe_file: PathLike | 
         raise UsageError(f"signature file {signature_file} does not exist")
     if recipe_file is not None:
         _same_recipe(recipe(recipe_file), _restore.read_artifact_file(Path(artifact_file)), artifact_file, force)
-    return _restore.restore_file(Path(artifact_file), Path(root), max_bytes=max_bytes, trusted_keys=tuple(trusted_keys),
-                                 signature=signature, force=force, lock_timeout=lock_timeout, owner=owner,
-                                 progress=progress)
+    return _restore.restore_file(
+        Path(artifact_file),
+        Path(root),
+        max_bytes=max_bytes,
+        trusted_keys=tuple(trusted_keys),
+        signature=signature,
+        force=force,
+        lock_timeout=lock_timeout,
+        owner=owner,
+        progress=progress,
+    )
 
 
 def _same_recipe(given: Recipe, art: Artifact, artifact_file: PathLike, force: bool) -> None:
@@ -164,14 +254,18 @@ def _same_recipe(given: Recipe, art: Artifact, artifact_file: PathLike, force: b
     if given.name == built.name and given.digest() == built.digest:
         return
     differ = _differences(built.identity if isinstance(built.identity, dict) else {}, given.identity())
-    what = (f"{artifact_file} was built for recipe {built.name} (digest {built.digest[:16]}), not for recipe "
-            f"{given.name} of {given.source} (digest {given.digest()[:16]})"
-            + (f": {'; '.join(differ[:5])}" if differ else ""))
+    what = (
+        f"{artifact_file} was built for recipe {built.name} (digest {built.digest[:16]}), not for recipe "
+        f"{given.name} of {given.source} (digest {given.digest()[:16]})"
+        + (f": {'; '.join(differ[:5])}" if differ else "")
+    )
     if not force:
-        raise UsageError(f"{what}. Its caches would be served with another recipe's env and args, and vLLM would "
-                         f"compile from cold: give --recipe the recipe it was built with (`warmer inspect "
-                         f"{artifact_file}` names it), leave --recipe out to write the env from the artifact "
-                         "itself, or pass --force to restore it anyway")
+        raise UsageError(
+            f"{what}. Its caches would be served with another recipe's env and args, and vLLM would "
+            f"compile from cold: give --recipe the recipe it was built with (`warmer inspect "
+            f"{artifact_file}` names it), leave --recipe out to write the env from the artifact "
+            "itself, or pass --force to restore it anyway"
+        )
     _log.warning("restore: %s; restoring it anyway (--force)", what)
 
 
@@ -182,8 +276,11 @@ def _differences(built: dict, given: dict) -> list[str]:
     for k in given:
         a, b = built.get(k), given.get(k)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += [f"{k}.{sub}: {_shown(a.get(sub))} at build, {_shown(b.get(sub))} here"
-                    for sub in sorted(set(a) | set(b)) if a.get(sub) != b.get(sub)]
+            out += [
+                f"{k}.{sub}: {_shown(a.get(sub))} at build, {_shown(b.get(sub))} here"
+                for sub in sorted(set(a) | set(b))
+                if a.get(sub) != b.get(sub)
+            ]
         elif k != "name" and a != b:
             out.append(f"{k}: {_shown(a)} at build, {_shown(b)} here")
     return out
@@ -200,15 +297,25 @@ def serving_env(recipe_file: PathLike | Recipe | None, root: PathLike, *, offlin
     root = Path(os.path.abspath(root))
     marker = _restore.active(root)
     if recipe_file is None and marker is None:
-        raise UsageError(f"no artifact is active in {root}, so there is no recipe to write the env for: give "
-                         "--recipe RECIPE")
+        raise UsageError(
+            f"no artifact is active in {root}, so there is no recipe to write the env for: give --recipe RECIPE"
+        )
     r = recipe(recipe_file) if recipe_file is not None else Recipe.from_artifact(marker.artifact)
-    return serving.artifact_env(r, root, marker.artifact, offline=offline) if marker else \
-        serving.vllm_env(r, root, offline=offline)
+    return (
+        serving.artifact_env(r, root, marker.artifact, offline=offline)
+        if marker
+        else serving.vllm_env(r, root, offline=offline)
+    )
 
 
-def serve_plan(recipe_file: PathLike | Recipe, root: PathLike, extra: list[str] = (), *,
-               env_file: PathLike | None = None, offline: bool = False) -> serving.ServePlan:
+def serve_plan(
+    recipe_file: PathLike | Recipe,
+    root: PathLike,
+    extra: list[str] = (),
+    *,
+    env_file: PathLike | None = None,
+    offline: bool = False,
+) -> serving.ServePlan:
     """What `warmer serve` would run: the recipe's `vllm serve` command, its env, and the check of
     vLLM's own key in that env (plan.predicted_miss)."""
     loaded = None
@@ -217,8 +324,7 @@ def serve_plan(recipe_file: PathLike | Recipe, root: PathLike, extra: list[str] 
             loaded = EnvFile.parse(Path(env_file).read_text(errors="replace"), str(env_file))
         except OSError as e:
             raise UsageError(f"cannot read the env file {env_file}: {e.strerror}") from None
-    return serving.plan(recipe(recipe_file), Path(os.path.abspath(root)), list(extra), env_file=loaded,
-                        offline=offline)
+    return serving.plan(recipe(recipe_file), Path(os.path.abspath(root)), list(extra), env_file=loaded, offline=offline)
 
 
 def serve(plan: serving.ServePlan) -> None:
@@ -230,12 +336,15 @@ def write_env(env: EnvFile, path: PathLike, fmt: str = "dotenv") -> None:
     try:
         write_bytes(path, env.render(fmt).encode())
     except OSError as e:  # the path the operator gave, never the temporary file beside it
-        raise WarmerError(f"cannot write the env file {path}: {e.strerror or e}; its directory must exist and be "
-                          "writable by this user (or give --env-file another path)") from None
+        raise WarmerError(
+            f"cannot write the env file {path}: {e.strerror or e}; its directory must exist and be "
+            "writable by this user (or give --env-file another path)"
+        ) from None
 
 
 def verify(recipe_file: PathLike | Recipe, root: PathLike, *, workdir: PathLike | None = None) -> _verify.VerifyResult:
     from warmer import verify as _verify
+
     root = Path(os.path.abspath(root))
     marker = _restore.active(root)
     cold = marker.artifact.timings.get("build") if marker else None
@@ -255,12 +364,20 @@ class Inspection:
 
     def summary(self) -> dict:
         a = self.artifact
-        out = {"key": a.key, "recipe": a.recipe.to_json(), "path_contract": a.path_contract.to_json(),
-               "components": {n: c.to_json() for n, c in a.components.items()}, "timings": a.timings,
-               "created_at": a.created_at}
+        out = {
+            "key": a.key,
+            "recipe": a.recipe.to_json(),
+            "path_contract": a.path_contract.to_json(),
+            "components": {n: c.to_json() for n, c in a.components.items()},
+            "timings": a.timings,
+            "created_at": a.created_at,
+        }
         if a.vllm:
-            out["vllm"] = {"version": a.vllm.version, "config_hash": a.vllm.config_hash,
-                           "cache_dirs": list(a.vllm.cache_dirs)}
+            out["vllm"] = {
+                "version": a.vllm.version,
+                "config_hash": a.vllm.config_hash,
+                "cache_dirs": list(a.vllm.cache_dirs),
+            }
         if self.entry:
             out.update(blob=vars(self.entry.blob).copy(), published_at=self.entry.published_at.isoformat())
         out["signed"] = self.signed
@@ -270,6 +387,7 @@ class Inspection:
 def inspect(file_or_url: str, **store_options) -> Inspection:
     """artifact.json of an artifact file, or of a published artifact (STORE/index/RECIPE/KEY)."""
     from warmer import catalog
+
     if "://" in file_or_url:
         entry = catalog.read_entry(file_or_url, **{k: v for k, v in store_options.items() if v is not None})
         return Inspection(entry.artifact, entry)
@@ -285,52 +403,108 @@ def recipe_name_of(name_or_file: PathLike) -> str:
     return load(text).name
 
 
-def ls(store_url: str | Store, recipe_name: PathLike | None = None, *, deadline: float | None = DEFAULT_DEADLINE_S,
-       **store_options) -> catalog.Listing:
+def ls(
+    store_url: str | Store,
+    recipe_name: PathLike | None = None,
+    *,
+    deadline: float | None = DEFAULT_DEADLINE_S,
+    **store_options,
+) -> catalog.Listing:
     """recipe_name: only this recipe's artifacts (its file, or its name)."""
     from warmer import catalog
+
     name = recipe_name_of(recipe_name) if recipe_name else None
     bound = Deadline(deadline, "ls")
     return bound.call(lambda: catalog.ls(store(store_url, **store_options), name), "listing the store")
 
 
-def gc(store_url: str | Store, keep: int, *, older_than_days: float | None = None, dry_run: bool = False,
-       **store_options) -> catalog.Collection:
+def gc(
+    store_url: str | Store, keep: int, *, older_than_days: float | None = None, dry_run: bool = False, **store_options
+) -> catalog.Collection:
     from warmer import catalog
+
     return catalog.gc(store(store_url, **store_options), keep, older_than_days=older_than_days, dry_run=dry_run)
 
 
 def rm(entry_url: str, *, yes: bool = False, **store_options) -> catalog.Removal:
     from warmer import catalog
+
     return catalog.rm(entry_url, yes=yes, **{k: v for k, v in store_options.items() if v is not None})
 
 
-def matrix(paths: list[PathLike], *, skus: PathLike | None = None, only: list[str] | None = None,
-           root_base: str = _matrix.DEFAULT_ROOT_BASE) -> tuple[list[dict], list[str]]:
+def matrix(
+    paths: list[PathLike],
+    *,
+    skus: PathLike | None = None,
+    only: list[str] | None = None,
+    root_base: str = _matrix.DEFAULT_ROOT_BASE,
+) -> tuple[list[dict], list[str]]:
     """The recipe x GPU SKU entries for CI (one build job each), and the recipes that target no SKU."""
     paths = [Path(p) for p in paths]
     catalogue = Path(skus) if skus else _matrix.find_catalogue(paths)
     return _matrix.entries(paths, _matrix.load_skus(catalogue), catalogue, only=only, root_base=root_base)
 
 
-def doctor(*, root: PathLike | None = None, recipe_file: PathLike | None = None, env_file: PathLike | None = None,
-           pid: int | None = None, mountinfo: PathLike | None = None) -> _doctor.Diagnosis:
+def doctor(
+    *,
+    root: PathLike | None = None,
+    recipe_file: PathLike | None = None,
+    env_file: PathLike | None = None,
+    pid: int | None = None,
+    mountinfo: PathLike | None = None,
+) -> _doctor.Diagnosis:
     from warmer import doctor as _doctor
-    return _doctor.diagnose_here(root=str(root) if root else None, recipe=load(recipe_file) if recipe_file else None,
-                                 env_file=str(env_file) if env_file else None, pid=pid,
-                                 mountinfo_file=str(mountinfo) if mountinfo else None)
+
+    return _doctor.diagnose_here(
+        root=str(root) if root else None,
+        recipe=load(recipe_file) if recipe_file else None,
+        env_file=str(env_file) if env_file else None,
+        pid=pid,
+        mountinfo_file=str(mountinfo) if mountinfo else None,
+    )
 
 
-def flashinfer_check(root: PathLike, *, recipe_file: PathLike | None = None, backdate: bool = False,
-                     include_site_packages: bool = False) -> dict:
+def flashinfer_check(
+    root: PathLike, *, recipe_file: PathLike | None = None, backdate: bool = False, include_site_packages: bool = False
+) -> dict:
     root = Path(os.path.abspath(root))
-    env = serving.environ_for_vllm(load(recipe_file), root) if recipe_file else \
-        {**os.environ, **serving.components.cache_env(root)}
+    env = (
+        serving.environ_for_vllm(load(recipe_file), root)
+        if recipe_file
+        else {**os.environ, **serving.components.cache_env(root)}
+    )
     marker = _restore.active(root)
     built = marker.artifact.path_contract.flashinfer if marker else None
-    return flashinfer_jit.report(root, env, built, backdate_inputs=backdate, include_site_packages=include_site_packages)
+    return flashinfer_jit.report(
+        root, env, built, backdate_inputs=backdate, include_site_packages=include_site_packages
+    )
 
 
-__all__ = ["Inspection", "Packed", "build", "doctor", "explain", "fetch", "fetch_all", "fingerprint", "local_roots", "flashinfer_check", "gc",
-           "inspect", "ls", "matrix", "pack", "publish", "recipe", "recipe_name_of", "restore", "rm", "serve", "serve_plan", "serving_env", "store",
-           "verify", "write_env"]
+__all__ = [
+    "Inspection",
+    "Packed",
+    "build",
+    "doctor",
+    "explain",
+    "fetch",
+    "fetch_all",
+    "fingerprint",
+    "local_roots",
+    "flashinfer_check",
+    "gc",
+    "inspect",
+    "ls",
+    "matrix",
+    "pack",
+    "publish",
+    "recipe",
+    "recipe_name_of",
+    "restore",
+    "rm",
+    "serve",
+    "serve_plan",
+    "serving_env",
+    "store",
+    "verify",
+    "write_env",
+]

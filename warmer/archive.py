@@ -24,9 +24,10 @@ import shutil
 import stat
 import tarfile
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator, NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import zstandard
 
@@ -56,18 +57,38 @@ class FileEntry(NamedTuple):  # a tuple: an artifact's files are made again on e
     mtime_ns: int
 
     def to_dict(self) -> dict:
-        return {"path": self.path, "size": self.size, "sha256": self.sha256,
-                "mode": self.mode, "mtime_ns": self.mtime_ns}
+        return {
+            "path": self.path,
+            "size": self.size,
+            "sha256": self.sha256,
+            "mode": self.mode,
+            "mtime_ns": self.mtime_ns,
+        }
 
     @classmethod
-    def _well_formed(cls, d) -> "FileEntry | None":
+    def _well_formed(cls, d) -> FileEntry | None:
         """d as an entry when every field is as it should be, else None (from_json names what is wrong)."""
         if type(d) is not dict:
             return None
-        path, sha, size, mode, mtime_ns = d.get("path"), d.get("sha256"), d.get("size"), d.get("mode"), d.get("mtime_ns")
-        if (type(path) is str and type(sha) is str and type(size) is int and type(mode) is int
-                and type(mtime_ns) is int and _HEX64.fullmatch(sha) and 0 <= size <= MAX_INT
-                and 0 <= mode <= 0o7777 and 0 <= mtime_ns <= MAX_INT and cls._well_formed_path(path)):
+        path, sha, size, mode, mtime_ns = (
+            d.get("path"),
+            d.get("sha256"),
+            d.get("size"),
+            d.get("mode"),
+            d.get("mtime_ns"),
+        )
+        if (
+            type(path) is str
+            and type(sha) is str
+            and type(size) is int
+            and type(mode) is int
+            and type(mtime_ns) is int
+            and _HEX64.fullmatch(sha)
+            and 0 <= size <= MAX_INT
+            and 0 <= mode <= 0o7777
+            and 0 <= mtime_ns <= MAX_INT
+            and cls._well_formed_path(path)
+        ):
             return cls(path, size, sha, mode, mtime_ns)
         return None
 
@@ -82,7 +103,7 @@ class FileEntry(NamedTuple):  # a tuple: an artifact's files are made again on e
         return True
 
     @classmethod
-    def from_json(cls, f: Fields) -> "FileEntry":
+    def from_json(cls, f: Fields) -> FileEntry:
         """One entry of artifact.json's files, refused unless every field is what extraction may use."""
         path = f.str("path", max_len=4096)
         try:
@@ -93,18 +114,27 @@ class FileEntry(NamedTuple):  # a tuple: an artifact's files are made again on e
         if not _HEX64.fullmatch(sha):
             raise InvalidDocument(f"{f.where}.sha256 must be 64 lower-case hex digits")
         # mtime_ns: what os.utime takes (a signed 64-bit count of nanoseconds, up to the year 2262).
-        return cls(path, f.int("size", low=0, high=MAX_INT), sha, f.int("mode", low=0, high=0o7777),
-                   f.int("mtime_ns", low=0, high=MAX_INT))
+        return cls(
+            path,
+            f.int("size", low=0, high=MAX_INT),
+            sha,
+            f.int("mode", low=0, high=0o7777),
+            f.int("mtime_ns", low=0, high=MAX_INT),
+        )
 
 
 # One entry of artifact.json's files as canonical() writes it: sorted keys, no spaces, ASCII.
-_ENTRY = re.compile(rb'\{"mode":(0|[1-9][0-9]{0,3}),"mtime_ns":(0|[1-9][0-9]{0,18}),'
-                    rb'"path":"([^"\\]*(?:\\.[^"\\]*)*)","sha256":"([0-9a-f]{64})","size":(0|[1-9][0-9]{0,18})\}(,?)')
+_ENTRY = re.compile(
+    rb'\{"mode":(0|[1-9][0-9]{0,3}),"mtime_ns":(0|[1-9][0-9]{0,18}),'
+    rb'"path":"([^"\\]*(?:\\.[^"\\]*)*)","sha256":"([0-9a-f]{64})","size":(0|[1-9][0-9]{0,18})\}(,?)'
+)
 # The same, for a path of printable ASCII that _safe_name takes as it is (no escapes, no empty,
 # "." or ".." parts): nearly every entry, checked by this match alone.
-_SAFE_ENTRY = re.compile(rb'\{"mode":(0|[1-9][0-9]{0,3}),"mtime_ns":(0|[1-9][0-9]{0,18}),"path":"('
-                         rb'(?:(?!\.\.?/)[ !#-.0-\[\]-~\x7f]+/)*(?!\.\.?")[ !#-.0-\[\]-~\x7f]+'
-                         rb')","sha256":"[0-9a-f]{64}","size":(0|[1-9][0-9]{0,18})\}(,?)')
+_SAFE_ENTRY = re.compile(
+    rb'\{"mode":(0|[1-9][0-9]{0,3}),"mtime_ns":(0|[1-9][0-9]{0,18}),"path":"('
+    rb'(?:(?!\.\.?/)[ !#-.0-\[\]-~\x7f]+/)*(?!\.\.?")[ !#-.0-\[\]-~\x7f]+'
+    rb')","sha256":"[0-9a-f]{64}","size":(0|[1-9][0-9]{0,18})\}(,?)'
+)
 _PATH_SIZE = re.compile(rb'"path":"([^"\\]*(?:\\.[^"\\]*)*)","sha256":"[^"]{64}","size":([0-9]+)')
 _PLAIN = re.compile(rb"[ !#-\[\]-~]*")  # printable ASCII but quote and backslash: the path, unescaped
 
@@ -164,17 +194,17 @@ class FileList:
     @staticmethod
     def span_end(buf: bytes, start: int) -> int | None:
         """Where the list that starts at buf[start] ("[") ends, if it is in canonical form; else None."""
-        if buf[start:start + 2] == b"[]":
+        if buf[start : start + 2] == b"[]":
             return start + 2
         at, match = start + 1, _ENTRY.match
         while (m := match(buf, at)) is not None and (b"\\" not in m[3] or _path_of(m[3]) is not None):
             at = m.end()
             if not m[6]:
-                return at + 1 if buf[at:at + 1] == b"]" else None
+                return at + 1 if buf[at : at + 1] == b"]" else None
         return None
 
     @classmethod
-    def parse(cls, buf: bytes, start: int, end: int, where: str) -> "FileList":
+    def parse(cls, buf: bytes, start: int, end: int, where: str) -> FileList:
         """The JSON list at buf[start:end], every entry checked as extraction will use it:
         InvalidDocument names the first bad field, or a path listed twice."""
         self = cls.__new__(cls)
@@ -212,17 +242,28 @@ class FileList:
             if closed:
                 raise _NotCanonical
             m = _SAFE_ENTRY.match(buf, at)
-            if (m is not None and len(m[3]) <= 4096 and (mode := int(m[1])) <= 0o7777
-                    and (len(m[2]) < 19 or int(m[2]) <= MAX_INT) and (len(m[4]) < 19 or int(m[4]) <= MAX_INT)):
+            if (
+                m is not None
+                and len(m[3]) <= 4096
+                and (mode := int(m[1])) <= 0o7777
+                and (len(m[2]) < 19 or int(m[2]) <= MAX_INT)
+                and (len(m[4]) < 19 or int(m[4]) <= MAX_INT)
+            ):
                 raw, size, comma = m[3], int(m[4]), m[5]
             else:  # an escape, an unsafe path or a field out of range: checked field by field
                 m = _ENTRY.match(buf, at)
                 if m is None or (path := _path_of(m[3])) is None:
                     raise _NotCanonical
                 mode, mtime_ns, size = int(m[1]), int(m[2]), int(m[5])
-                if not (mode <= 0o7777 and mtime_ns <= MAX_INT and size <= MAX_INT and FileEntry._well_formed_path(path)):
-                    FileEntry.from_json(Fields({"path": path, "size": size, "sha256": m[4].decode(), "mode": mode,
-                                                "mtime_ns": mtime_ns}, f"{where}[{count}]"))  # raises, naming the field
+                if not (
+                    mode <= 0o7777 and mtime_ns <= MAX_INT and size <= MAX_INT and FileEntry._well_formed_path(path)
+                ):
+                    FileEntry.from_json(
+                        Fields(
+                            {"path": path, "size": size, "sha256": m[4].decode(), "mode": mode, "mtime_ns": mtime_ns},
+                            f"{where}[{count}]",
+                        )
+                    )  # raises, naming the field
                 raw, comma = m[3], m[6]
             if mode & ~MODE_MASK and self.unsafe is None:
                 self.unsafe = next(self._entries(buf, at, end))
@@ -267,8 +308,13 @@ class FileList:
     def _entries(buf: bytes, at: int, end: int):
         for m in _ENTRY.finditer(buf, at, end):
             mode, mtime_ns, path, sha, size, _ = m.groups()
-            yield FileEntry(path.decode() if b"\\" not in path else json.loads(b'"' + path + b'"'), int(size),
-                            sha.decode(), int(mode), int(mtime_ns))
+            yield FileEntry(
+                path.decode() if b"\\" not in path else json.loads(b'"' + path + b'"'),
+                int(size),
+                sha.decode(),
+                int(mode),
+                int(mtime_ns),
+            )
 
     def sizes(self) -> Iterator[tuple[str, int]]:
         """(path, size) of each entry: what a no-op fetch checks, read faster than whole entries."""
@@ -287,7 +333,7 @@ class FileList:
         return any(needle in piece for piece in self.pieces())
 
     @classmethod
-    def of(cls, entries: Iterable[FileEntry]) -> "FileList":
+    def of(cls, entries: Iterable[FileEntry]) -> FileList:
         """entries as artifact.json lists them."""
         buf = cls.json_of(entries)
         return cls.parse(buf, 0, len(buf), "files")
@@ -329,7 +375,7 @@ def sha256_file(path: str | os.PathLike) -> str:
 # The fields of a ustar header block (POSIX.1-1988, as pax extends it): byte ranges in its 512 bytes.
 H_NAME = slice(0, 100)
 H_MODE = slice(100, 108)
-H_IDS_SIZE_MTIME = slice(100, 148)   # mode, uid, gid, size, mtime: written together
+H_IDS_SIZE_MTIME = slice(100, 148)  # mode, uid, gid, size, mtime: written together
 H_SIZE = slice(124, 136)
 H_CHKSUM = slice(148, 156)
 H_TYPE = slice(156, 157)
@@ -339,13 +385,13 @@ H_PREFIX = slice(345, 500)
 
 def _member_header(name: str, size: int, mode: int, mtime_ns: int) -> bytes:
     mtime = mtime_ns // 1_000_000_000
-    if len(name) <= 100 and name.isascii() and 0 <= size < 8 ** 11 and 0 <= mtime < 8 ** 11:
+    if len(name) <= 100 and name.isascii() and 0 <= size < 8**11 and 0 <= mtime < 8**11:
         # The ustar block tarfile writes when no pax record is needed, byte for byte, without
         # its per-member cost (tens of microseconds, thousands of members).
         block = bytearray(_USTAR_TEMPLATE)
-        block[0:len(name)] = name.encode("ascii")
+        block[0 : len(name)] = name.encode("ascii")
         block[H_IDS_SIZE_MTIME] = b"%07o\0%s%011o\0%011o\0" % (mode & MODE_MASK, b"0000000\0" * 2, size, mtime)
-        block[H_CHKSUM.start:H_CHKSUM.stop - 1] = b"%06o\0" % sum(block)
+        block[H_CHKSUM.start : H_CHKSUM.stop - 1] = b"%06o\0" % sum(block)
         return bytes(block)
     info = tarfile.TarInfo(name)
     info.size = size
@@ -388,8 +434,10 @@ def pack_body(root: Path, relpaths: Iterable[str], out: BinaryIO, level: int = 3
                     w.write(buf[:k])
                     n += k
             if n != st.st_size:
-                raise ArchiveError(f"{rel}: changed while it was packed ({st.st_size} -> {n} bytes); "
-                                   "pack only after the warm-up process has exited")
+                raise ArchiveError(
+                    f"{rel}: changed while it was packed ({st.st_size} -> {n} bytes); "
+                    "pack only after the warm-up process has exited"
+                )
             w.write(_padding(n))
             entries.append(FileEntry(rel, n, h.hexdigest(), st.st_mode & MODE_MASK, st.st_mtime_ns))
         w.write(b"\0" * (2 * BLOCK))  # end of archive
@@ -496,23 +544,26 @@ WRITERS = max(1, min(4, os.cpu_count() or 1))
 
 def read_manifest(raw: BinaryIO) -> bytes:
     """artifact.json from the head of an archive, without reading the files after it."""
-    stream = _Inflated(zstandard.ZstdDecompressor().stream_reader(raw, read_size=64 << 10, read_across_frames=True),
-                       MANIFEST_LIMIT)
+    stream = _Inflated(
+        zstandard.ZstdDecompressor().stream_reader(raw, read_size=64 << 10, read_across_frames=True), MANIFEST_LIMIT
+    )
     try:
         return b"".join(_manifest(stream))
     except (zstandard.ZstdError, EOFError, UnicodeError) as e:
         raise ArchiveError(f"unreadable archive: {e}") from e
 
 
-def _manifest(stream: "_Inflated") -> Iterator[memoryview]:
+def _manifest(stream: _Inflated) -> Iterator[memoryview]:
     """The first member, which must be artifact.json, in the pieces it comes in: a reader that
     knows what to expect compares them and holds none (8 MiB at 45,000 files)."""
     first = stream.header()
     if first is None or first.name != MANIFEST_MEMBER or first.type not in _REGULAR:
         raise ArchiveError(f"the first member is not {MANIFEST_MEMBER}; was it made by warmer pack?")
     if first.size > MANIFEST_LIMIT:  # whitespace or not, unread
-        raise ArchiveError(f"{MANIFEST_MEMBER} declares {first.size} bytes, over the {MANIFEST_LIMIT} a store's "
-                           "index entry can hold: refused (decompression bomb or corrupt archive)")
+        raise ArchiveError(
+            f"{MANIFEST_MEMBER} declares {first.size} bytes, over the {MANIFEST_LIMIT} a store's "
+            "index entry can hold: refused (decompression bomb or corrupt archive)"
+        )
     stream.claim(first.size)
     left = first.size
     while left:
@@ -540,11 +591,19 @@ class Extracted:
 
 
 _ZERO_BLOCK = bytes(BLOCK)
-_KINDS = {tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink", tarfile.CHRTYPE: "character device",
-          tarfile.BLKTYPE: "block device", tarfile.FIFOTYPE: "FIFO", tarfile.DIRTYPE: "directory",
-          tarfile.CONTTYPE: "contiguous file", tarfile.GNUTYPE_SPARSE: "sparse file",
-          tarfile.GNUTYPE_LONGNAME: "GNU long-name header", tarfile.GNUTYPE_LONGLINK: "GNU long-link header",
-          tarfile.XGLTYPE: "global pax header"}
+_KINDS = {
+    tarfile.SYMTYPE: "symlink",
+    tarfile.LNKTYPE: "hardlink",
+    tarfile.CHRTYPE: "character device",
+    tarfile.BLKTYPE: "block device",
+    tarfile.FIFOTYPE: "FIFO",
+    tarfile.DIRTYPE: "directory",
+    tarfile.CONTTYPE: "contiguous file",
+    tarfile.GNUTYPE_SPARSE: "sparse file",
+    tarfile.GNUTYPE_LONGNAME: "GNU long-name header",
+    tarfile.GNUTYPE_LONGLINK: "GNU long-link header",
+    tarfile.XGLTYPE: "global pax header",
+}
 
 
 def _pax_records(data: bytes) -> dict[str, str]:
@@ -554,9 +613,9 @@ def _pax_records(data: bytes) -> dict[str, str]:
         while pos < len(data) and data[pos]:
             space = data.index(b" ", pos)
             end = pos + int(data[pos:space])
-            if end <= space or data[end - 1:end] != b"\n":
+            if end <= space or data[end - 1 : end] != b"\n":
                 raise ValueError("bad record length")
-            key, eq, value = data[space + 1:end - 1].partition(b"=")
+            key, eq, value = data[space + 1 : end - 1].partition(b"=")
             if not eq:
                 raise ValueError("record without '='")
             out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
@@ -571,6 +630,7 @@ _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
 
 class _Member(NamedTuple):
     """What extraction needs of a tar header."""
+
     name: str
     type: bytes
     mode: int
@@ -584,13 +644,16 @@ def _octal(field: bytes) -> int:
 def _parse_header(block: bytes) -> _Member:
     """A header block: the plain ustar regular-file header (all warmer writes but pax records)
     read directly, a few times faster than tarfile; anything else, and any doubt, by tarfile."""
-    if (block[H_TYPE] == tarfile.REGTYPE and block[H_MAGIC] == tarfile.POSIX_MAGIC
-            and not (block[H_MODE.start] | block[H_SIZE.start] | block[H_CHKSUM.start]) & 0x80):  # no base-256
+    if (
+        block[H_TYPE] == tarfile.REGTYPE
+        and block[H_MAGIC] == tarfile.POSIX_MAGIC
+        and not (block[H_MODE.start] | block[H_SIZE.start] | block[H_CHKSUM.start]) & 0x80
+    ):  # no base-256
         try:
             checksum, mode, size = _octal(block[H_CHKSUM]), _octal(block[H_MODE]), _octal(block[H_SIZE])
         except ValueError:
             checksum = -1
-        if checksum == 256 + sum(block[:H_CHKSUM.start]) + sum(block[H_CHKSUM.stop:]):
+        if checksum == 256 + sum(block[: H_CHKSUM.start]) + sum(block[H_CHKSUM.stop :]):
             name = block[H_NAME].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             prefix = block[H_PREFIX].split(b"\0", 1)[0]
             if prefix:
@@ -619,8 +682,10 @@ class _Inflated:
             raise ArchiveError(f"a member declares a negative size ({n}): corrupt or hostile archive")
         self.total += n
         if self.total > self.limit:
-            raise ArchiveError(f"the archive inflates past {self.limit} bytes, more than its manifest "
-                               "declares: refused (decompression bomb or corrupt archive)")
+            raise ArchiveError(
+                f"the archive inflates past {self.limit} bytes, more than its manifest "
+                "declares: refused (decompression bomb or corrupt archive)"
+            )
 
     def at_end(self) -> bool:
         if not self.buf:
@@ -632,7 +697,7 @@ class _Inflated:
         if self.at_end():
             raise EOFError("the archive ends inside a member (truncated)")
         got = self.buf[:n]
-        self.buf = self.buf[len(got):]
+        self.buf = self.buf[len(got) :]
         return got
 
     def exact(self, n: int) -> bytes:
@@ -665,11 +730,15 @@ class _Inflated:
                 break
             headers += 1
             if info.size > PAX_HEADER_LIMIT:
-                raise ArchiveError(f"a pax extended header of {info.size} bytes inflates past the {PAX_HEADER_LIMIT} "
-                                   "one may take: refused (decompression bomb or corrupt archive)")
+                raise ArchiveError(
+                    f"a pax extended header of {info.size} bytes inflates past the {PAX_HEADER_LIMIT} "
+                    "one may take: refused (decompression bomb or corrupt archive)"
+                )
             if headers > PAX_HEADERS_PER_MEMBER:
-                raise ArchiveError(f"more than {PAX_HEADERS_PER_MEMBER} pax extended headers before one member: "
-                                   "refused (decompression bomb or corrupt archive)")
+                raise ArchiveError(
+                    f"more than {PAX_HEADERS_PER_MEMBER} pax extended headers before one member: "
+                    "refused (decompression bomb or corrupt archive)"
+                )
             pax.update(_pax_records(self.exact(info.size)))
             self.exact(-info.size % BLOCK)
         if any(k.startswith("GNU.sparse.") for k in pax):
@@ -732,8 +801,10 @@ class _Writer:
         self.lane = 0
         self.batch: list[tuple] = []
         self.batch_bytes = 0
-        self.threads = [threading.Thread(target=self._run, args=(i,), name="warmer-extract-writer", daemon=True)
-                        for i in range(threads)]
+        self.threads = [
+            threading.Thread(target=self._run, args=(i,), name="warmer-extract-writer", daemon=True)
+            for i in range(threads)
+        ]
         for t in self.threads:
             t.start()
 
@@ -790,7 +861,7 @@ class _Writer:
     @staticmethod
     def _write(fd: int, view) -> None:
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
 
     @staticmethod
     def _finish(fd: int, mode: int, mtime_ns: int) -> None:
@@ -817,7 +888,7 @@ class _Writer:
                     self.room.notify()
         f.close()
 
-    def _do(self, item: tuple, f: "_OpenFile") -> None:
+    def _do(self, item: tuple, f: _OpenFile) -> None:
         if isinstance(item, _Data):
             f.sha256.update(item.view)
             self._write(f.fd, item.view)
@@ -834,7 +905,7 @@ class _Writer:
         else:
             self._check_and_close(f, item.mode, item.mtime_ns)
 
-    def _check_and_close(self, f: "_OpenFile", mode: int, mtime_ns: int) -> None:
+    def _check_and_close(self, f: _OpenFile, mode: int, mtime_ns: int) -> None:
         if f.sha256.hexdigest() != f.want:
             raise ArchiveError(f"member {f.rel!r}: sha256 differs from {MANIFEST_MEMBER}; the artifact is corrupt")
         self._finish(f.fd, mode, mtime_ns)
@@ -883,14 +954,20 @@ class _Checker:
         pass
 
 
-def check(raw: BinaryIO, manifest_entries: Callable[[Iterator[memoryview]], FileList],
-          max_total_bytes: int) -> Extracted:
+def check(
+    raw: BinaryIO, manifest_entries: Callable[[Iterator[memoryview]], FileList], max_total_bytes: int
+) -> Extracted:
     """Read a whole archive as extract() does, every member checked, and write nothing."""
     return extract(raw, None, manifest_entries, max_total_bytes)
 
 
-def extract(raw: BinaryIO, dest: Path | None, manifest_entries: Callable[[Iterator[memoryview]], FileList],
-            max_total_bytes: int, on_file: Callable[[int], None] | None = None) -> Extracted:
+def extract(
+    raw: BinaryIO,
+    dest: Path | None,
+    manifest_entries: Callable[[Iterator[memoryview]], FileList],
+    max_total_bytes: int,
+    on_file: Callable[[int], None] | None = None,
+) -> Extracted:
     """Unpack into dest (a new, empty directory), refusing anything the manifest does not list.
 
     manifest_entries turns the embedded artifact.json, in pieces, into the expected files (and
@@ -904,8 +981,9 @@ def extract(raw: BinaryIO, dest: Path | None, manifest_entries: Callable[[Iterat
     """
     # A store's stream (warmer.store.stream) hashes the blob as it arrives, off this thread: once is enough.
     hashing = raw if getattr(raw, "hashes_itself", False) else _HashingReader(raw)
-    stream = _Inflated(zstandard.ZstdDecompressor().stream_reader(hashing, read_size=CHUNK, read_across_frames=True),
-                       MANIFEST_LIMIT)
+    stream = _Inflated(
+        zstandard.ZstdDecompressor().stream_reader(hashing, read_size=CHUNK, read_across_frames=True), MANIFEST_LIMIT
+    )
     writer = None
     try:
         manifest = _manifest(stream)
@@ -913,13 +991,17 @@ def extract(raw: BinaryIO, dest: Path | None, manifest_entries: Callable[[Iterat
         for _ in manifest:  # to the first file, whatever manifest_entries read
             pass
         if expected.total_bytes > max_total_bytes:
-            raise ArchiveError(f"the artifact unpacks to {expected.total_bytes} bytes, over the limit of "
-                               f"{max_total_bytes}; raise --max-bytes if this is expected")
+            raise ArchiveError(
+                f"the artifact unpacks to {expected.total_bytes} bytes, over the limit of "
+                f"{max_total_bytes}; raise --max-bytes if this is expected"
+            )
         # Headers and padding take at most a few blocks per member beyond the files' bytes.
         stream.limit = stream.total + expected.total_bytes + (len(expected) + 4) * 8 * BLOCK
         if expected.unsafe:
-            raise ArchiveError(f"{MANIFEST_MEMBER} gives {expected.unsafe.path!r} mode {expected.unsafe.mode:o}: "
-                               "setuid, setgid, sticky and group/world-writable modes are refused")
+            raise ArchiveError(
+                f"{MANIFEST_MEMBER} gives {expected.unsafe.path!r} mode {expected.unsafe.mode:o}: "
+                "setuid, setgid, sticky and group/world-writable modes are refused"
+            )
         listed = iter(expected)
         by_path: dict[str, FileEntry] | None = None  # once a member is out of the manifest's order
         seen: set[str] = set()
@@ -928,8 +1010,10 @@ def extract(raw: BinaryIO, dest: Path | None, manifest_entries: Callable[[Iterat
         while (member := stream.header()) is not None:
             name = _safe_name(member.name)
             if member.type not in _REGULAR:
-                raise ArchiveError(f"member {name!r}: a {_KINDS.get(member.type, f'type {member.type!r}')}; "
-                                   "only regular files are allowed")
+                raise ArchiveError(
+                    f"member {name!r}: a {_KINDS.get(member.type, f'type {member.type!r}')}; "
+                    "only regular files are allowed"
+                )
             if member.mode & 0o7000:
                 raise ArchiveError(f"member {name!r}: setuid/setgid/sticky mode {member.mode:o} refused")
             entry = next(listed, None) if by_path is None else None
@@ -977,6 +1061,8 @@ def extract(raw: BinaryIO, dest: Path | None, manifest_entries: Callable[[Iterat
             writer.close(ok=False)
     if count < len(expected):
         first = next(listed).path if by_path is None else min(set(by_path) - seen)
-        raise ArchiveError(f"{len(expected) - count} file(s) listed in {MANIFEST_MEMBER} are missing from the "
-                           f"archive, first {first!r}; the artifact is truncated")
+        raise ArchiveError(
+            f"{len(expected) - count} file(s) listed in {MANIFEST_MEMBER} are missing from the "
+            f"archive, first {first!r}; the artifact is truncated"
+        )
     return Extracted(count, written, hashing.sha256.hexdigest(), hashing.bytes)

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from warmer import __version__
 from warmer.archive import MANIFEST_LIMIT, FileEntry, FileList
@@ -100,6 +101,7 @@ def _around_files(doc: Mapping) -> tuple[bytes, bytes]:
 class RecipeRef:
     """The recipe an artifact was warmed with: its name, digest and identity (model, engine args,
     env, workload) as Recipe.identity() gave them."""
+
     name: str
     digest: str
     identity: dict = field(hash=False)
@@ -117,8 +119,13 @@ class ComponentSummary:
     bytes: int
 
     def to_json(self) -> dict:
-        return {"subdir": self.subdir, "env": list(self.env), "relocatable": self.relocatable,
-                "files": self.files, "bytes": self.bytes}
+        return {
+            "subdir": self.subdir,
+            "env": list(self.env),
+            "relocatable": self.relocatable,
+            "files": self.files,
+            "bytes": self.bytes,
+        }
 
 
 @dataclass(frozen=True)
@@ -142,16 +149,32 @@ class Artifact:
     # -- making one -----------------------------------------------------------------------------
 
     @classmethod
-    def new(cls, *, key: str, recipe: RecipeRef, fingerprint: Fingerprint, path_contract: PathContract,
-            components: Mapping[str, ComponentSummary], files: list[FileEntry], timings: dict,
-            vllm: VllmKey | None = None, serve_env: Mapping[str, str] | None = None,
-            created_at: datetime | None = None) -> "Artifact":
+    def new(
+        cls,
+        *,
+        key: str,
+        recipe: RecipeRef,
+        fingerprint: Fingerprint,
+        path_contract: PathContract,
+        components: Mapping[str, ComponentSummary],
+        files: list[FileEntry],
+        timings: dict,
+        vllm: VllmKey | None = None,
+        serve_env: Mapping[str, str] | None = None,
+        created_at: datetime | None = None,
+    ) -> Artifact:
         """created_at: when it was made (default now; a build gives SOURCE_DATE_EPOCH's time)."""
         doc = {
-            "schema": SCHEMA_VERSION, "warmer": __version__, "key": key, "recipe": recipe.to_json(),
-            "fingerprint": fingerprint.to_json(), "path_contract": path_contract.to_json(),
-            "components": {n: c.to_json() for n, c in components.items()}, "files": [_HOLE],
-            "timings": timings, "created_at": (created_at or datetime.now(timezone.utc)).isoformat(timespec="seconds"),
+            "schema": SCHEMA_VERSION,
+            "warmer": __version__,
+            "key": key,
+            "recipe": recipe.to_json(),
+            "fingerprint": fingerprint.to_json(),
+            "path_contract": path_contract.to_json(),
+            "components": {n: c.to_json() for n, c in components.items()},
+            "files": [_HOLE],
+            "timings": timings,
+            "created_at": (created_at or datetime.now(UTC)).isoformat(timespec="seconds"),
         }
         if vllm is not None:
             doc["vllm"] = vllm.to_json()
@@ -162,7 +185,7 @@ class Artifact:
             doc["cubins"] = cubins
         return cls.from_json(doc, memoryview(FileList.json_of(files)))
 
-    def with_timings(self, **timings: dict) -> "Artifact":
+    def with_timings(self, **timings: dict) -> Artifact:
         """The same artifact with timings added (verify's, measured after packing)."""
         doc = self.to_json()
         doc["timings"] = {**doc["timings"], **timings}
@@ -171,22 +194,24 @@ class Artifact:
     # -- parsing and writing ------------------------------------------------------------------------
 
     @classmethod
-    def from_bytes(cls, data: bytes, what: str = "artifact.json") -> "Artifact":
+    def from_bytes(cls, data: bytes, what: str = "artifact.json") -> Artifact:
         try:
             return cls.from_json(*load(data, what, MANIFEST_LIMIT), what=what)
         except InvalidDocument as e:
             raise ArtifactError(str(e)) from None
 
     @classmethod
-    def from_json(cls, doc: Any, files: memoryview | None = None, what: str = "artifact.json") -> "Artifact":
+    def from_json(cls, doc: Any, files: memoryview | None = None, what: str = "artifact.json") -> Artifact:
         """Parse artifact.json; ArtifactError names the field when it is malformed. files: the
         bytes of its files list, when doc holds load's stand-in for it."""
         try:
             f = Fields(doc, what)
             schema = f.int("schema")
             if schema != SCHEMA_VERSION:
-                raise ArtifactError(f"{what} has schema {schema}; this warmer ({__version__}) reads schema "
-                                    f"{SCHEMA_VERSION}: use the warmer version that built it, or rebuild")
+                raise ArtifactError(
+                    f"{what} has schema {schema}; this warmer ({__version__}) reads schema "
+                    f"{SCHEMA_VERSION}: use the warmer version that built it, or rebuild"
+                )
             key = f.str("key", max_len=64)
             if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
                 raise ArtifactError(f"{what}.key must be 64 hex digits")
@@ -196,8 +221,13 @@ class Artifact:
                 raise ArtifactError(f"{what}.recipe.name {recipe.name[:40]!r} is not a recipe name")
             components = {}
             for name, c in f.items("components"):
-                components[name] = ComponentSummary(c.str("subdir"), c.str_list("env"), c.bool("relocatable"),
-                                                    c.int("files", low=0), c.int("bytes", low=0))
+                components[name] = ComponentSummary(
+                    c.str("subdir"),
+                    c.str_list("env"),
+                    c.bool("relocatable"),
+                    c.int("files", low=0),
+                    c.int("bytes", low=0),
+                )
             if files is None:
                 files = json.dumps(f.list("files"), sort_keys=True, separators=(",", ":")).encode()
             head, tail = _around_files(doc)
@@ -210,15 +240,28 @@ class Artifact:
             serve_env = f.str_map("serve_env") if f.raw("serve_env") is not None else {}
             for name, value in serve_env.items():  # it goes into the env file a Deployment sources
                 if SERVE_ENV_ALLOWED.get(name) is None or value not in SERVE_ENV_ALLOWED[name]:
-                    raise ArtifactError(f"{what}.serve_env sets {name}={value!r}, which a build never adds "
-                                        f"(only {', '.join(SERVE_ENV_ALLOWED)}): refused")
+                    raise ArtifactError(
+                        f"{what}.serve_env sets {name}={value!r}, which a build never adds "
+                        f"(only {', '.join(SERVE_ENV_ALLOWED)}): refused"
+                    )
             cubins = f.str_list("cubins") if f.raw("cubins") is not None else ()
-            art = cls(schema=schema, warmer=f.str("warmer", max_len=64) if f.has("warmer") else "?", key=key,
-                      recipe=recipe, fingerprint=Fingerprint.from_json(f.raw("fingerprint"), f"{what}.fingerprint"),
-                      path_contract=PathContract.from_json(f.obj("path_contract")), components=components,
-                      files=listed, timings=timings, created_at=f.str("created_at", max_len=64) if f.has("created_at")
-                      else "", vllm=vllm, serve_env=serve_env, cubins=cubins, id=digest.hexdigest(),
-                      around_files=(head, tail))
+            art = cls(
+                schema=schema,
+                warmer=f.str("warmer", max_len=64) if f.has("warmer") else "?",
+                key=key,
+                recipe=recipe,
+                fingerprint=Fingerprint.from_json(f.raw("fingerprint"), f"{what}.fingerprint"),
+                path_contract=PathContract.from_json(f.obj("path_contract")),
+                components=components,
+                files=listed,
+                timings=timings,
+                created_at=f.str("created_at", max_len=64) if f.has("created_at") else "",
+                vllm=vllm,
+                serve_env=serve_env,
+                cubins=cubins,
+                id=digest.hexdigest(),
+                around_files=(head, tail),
+            )
         except ArtifactError:
             raise
         except InvalidDocument as e:
@@ -253,4 +296,4 @@ class Artifact:
             when = datetime.fromisoformat(self.created_at)
         except ValueError:
             return None
-        return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+        return when if when.tzinfo else when.replace(tzinfo=UTC)

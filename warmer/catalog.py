@@ -19,7 +19,7 @@ import json
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from warmer import __version__
 from warmer.entry import IndexEntry
@@ -38,6 +38,7 @@ class Unreadable:
 
 def read_entries(store: Store, names: list[tuple[str, str]]) -> tuple[list[IndexEntry], list[Unreadable]]:
     """The index entries named (one GET each, in parallel); ones deleted meanwhile are skipped."""
+
     def read(rk):
         try:
             raw = store.get_index(*rk)
@@ -65,11 +66,21 @@ class Row:
     warmer: str
 
     @classmethod
-    def of(cls, e: IndexEntry) -> "Row":
+    def of(cls, e: IndexEntry) -> Row:
         art = e.artifact
-        return cls(e.recipe, e.key, art.fingerprint.machine_kind(), e.published_at, e.blob.sha256, e.blob.size,
-                   len(art.files), art.total_bytes, (art.timings.get("verify") or {}).get("verdict"),
-                   e.signature is not None, art.warmer)
+        return cls(
+            e.recipe,
+            e.key,
+            art.fingerprint.machine_kind(),
+            e.published_at,
+            e.blob.sha256,
+            e.blob.size,
+            len(art.files),
+            art.total_bytes,
+            (art.timings.get("verify") or {}).get("verdict"),
+            e.signature is not None,
+            art.warmer,
+        )
 
     def to_json(self) -> dict:
         return {**vars(self), "published_at": self.published_at.isoformat()}
@@ -89,9 +100,11 @@ class Listing:
     orphans: tuple[Blob, ...] | None = None
 
     def to_json(self) -> list[dict]:
-        return ([r.to_json() for r in self.rows] + [{"recipe": u.recipe, "key": u.key, "unreadable": u.why}
-                                                   for u in self.unreadable]
-                + [blob_json(b) for b in self.orphans or ()])
+        return (
+            [r.to_json() for r in self.rows]
+            + [{"recipe": u.recipe, "key": u.key, "unreadable": u.why} for u in self.unreadable]
+            + [blob_json(b) for b in self.orphans or ()]
+        )
 
 
 def ls(store: Store, recipe: str | None = None) -> Listing:
@@ -119,9 +132,11 @@ def split_entry_url(url: str) -> tuple[str, str, str]:
     recipe, _, key = rest.partition("/")
     key = key.removesuffix(".json")
     if not sep or not base or not recipe or "/" in key or len(key) < 8 or not HEX64.match(key.ljust(64, "0")):
-        raise UsageError(f"{url!r} does not name a published artifact: use STORE/index/RECIPE/KEY, e.g. "
-                         "s3://bucket/prefix/index/my-recipe/3fa2c1d4e5f60718 (at least 8 hex digits of the "
-                         "key, as `warmer ls` prints it)")
+        raise UsageError(
+            f"{url!r} does not name a published artifact: use STORE/index/RECIPE/KEY, e.g. "
+            "s3://bucket/prefix/index/my-recipe/3fa2c1d4e5f60718 (at least 8 hex digits of the "
+            "key, as `warmer ls` prints it)"
+        )
     return base, recipe, key
 
 
@@ -132,10 +147,12 @@ def resolve(url: str, **store_options) -> tuple[Store, str, str]:
     if len(key) < 64:
         keys = [k for _, k in store.list_index(recipe) if k.startswith(key)]
         if len(keys) != 1:
-            raise StoreError(f"{len(keys)} artifacts of {recipe} in {store.url} have a key starting with {key}: "
-                             "give more of the key" if keys else
-                             f"no artifact of {recipe} in {store.url} has a key starting with {key}: "
-                             f"see warmer ls --store {store.url} --recipe {recipe}")
+            raise StoreError(
+                f"{len(keys)} artifacts of {recipe} in {store.url} have a key starting with {key}: give more of the key"
+                if keys
+                else f"no artifact of {recipe} in {store.url} has a key starting with {key}: "
+                f"see warmer ls --store {store.url} --recipe {recipe}"
+            )
         key = keys[0]
     return store, recipe, key
 
@@ -155,7 +172,7 @@ class Removal:
     recipe: str
     key: str
     blob: str | None
-    blob_deleted: bool    # with dry_run: whether it would be
+    blob_deleted: bool  # with dry_run: whether it would be
     dry_run: bool
 
     def to_json(self) -> dict:
@@ -180,9 +197,17 @@ def rm(url: str, *, yes: bool, **store_options) -> Removal:
     in_use = {e.blob.sha256 for e in others}
     delete_blob = blob is not None and blob not in in_use and not unreadable
     if yes:
-        now = datetime.now(timezone.utc)
-        record = {"action": "rm", "recipe": recipe, "key": key, "blob": blob, "blob_deleted": delete_blob,
-                  "by": getpass.getuser(), "at": now.isoformat(timespec="seconds"), "warmer": __version__}
+        now = datetime.now(UTC)
+        record = {
+            "action": "rm",
+            "recipe": recipe,
+            "key": key,
+            "blob": blob,
+            "blob_deleted": delete_blob,
+            "by": getpass.getuser(),
+            "at": now.isoformat(timespec="seconds"),
+            "warmer": __version__,
+        }
         store.write_audit(f"{now.strftime('%Y%m%dT%H%M%SZ')}-rm-{recipe}-{key[:16]}", json.dumps(record).encode())
         store.delete_index(recipe, key)
         if delete_blob:
@@ -202,35 +227,44 @@ class Collection:
     deleted_blobs: tuple[str, ...]
     freed_bytes: int
     orphans_deleted: tuple[Blob, ...] = ()  # blobs no entry named, older than ORPHAN_GRACE (in deleted_blobs)
-    orphans_kept: tuple[Blob, ...] = ()     # blobs no entry names, younger: maybe a publish in flight
+    orphans_kept: tuple[Blob, ...] = ()  # blobs no entry names, younger: maybe a publish in flight
 
     def to_json(self) -> dict:
-        return {**vars(self), "deleted_entries": [r.to_json() for r in self.deleted_entries],
-                "deleted_blobs": list(self.deleted_blobs), "orphans_deleted": [blob_json(b) for b in self.orphans_deleted],
-                "orphans_kept": [blob_json(b) for b in self.orphans_kept],
-                "orphan_grace_hours": ORPHAN_GRACE.total_seconds() / 3600}
+        return {
+            **vars(self),
+            "deleted_entries": [r.to_json() for r in self.deleted_entries],
+            "deleted_blobs": list(self.deleted_blobs),
+            "orphans_deleted": [blob_json(b) for b in self.orphans_deleted],
+            "orphans_kept": [blob_json(b) for b in self.orphans_kept],
+            "orphan_grace_hours": ORPHAN_GRACE.total_seconds() / 3600,
+        }
 
 
-def gc(store: Store, keep: int, *, older_than_days: float | None = None, dry_run: bool = False,
-       now: datetime | None = None) -> Collection:
+def gc(
+    store: Store, keep: int, *, older_than_days: float | None = None, dry_run: bool = False, now: datetime | None = None
+) -> Collection:
     if keep < 1:
-        raise UsageError(f"--keep {keep}: keep at least 1 artifact per recipe and machine kind, or nodes of "
-                         "that kind all start cold")
-    now = now or datetime.now(timezone.utc)
+        raise UsageError(
+            f"--keep {keep}: keep at least 1 artifact per recipe and machine kind, or nodes of that kind all start cold"
+        )
+    now = now or datetime.now(UTC)
     entries, unreadable = read_entries(store, store.list_index())
     if unreadable:
         u = unreadable[0]
-        raise StoreError(f"index entry {u.recipe}/{u.key[:16]} in {store.url} is unreadable ({u.why}); gc cannot "
-                         f"tell which blob it needs: remove it with `warmer rm {store.url}/index/{u.recipe}/{u.key}` "
-                         f"({len(unreadable)} unreadable in all)")
+        raise StoreError(
+            f"index entry {u.recipe}/{u.key[:16]} in {store.url} is unreadable ({u.why}); gc cannot "
+            f"tell which blob it needs: remove it with `warmer rm {store.url}/index/{u.recipe}/{u.key}` "
+            f"({len(unreadable)} unreadable in all)"
+        )
     groups: dict[tuple[str, str], list[IndexEntry]] = defaultdict(list)
     for e in entries:
         groups[(e.recipe, e.artifact.fingerprint.machine_kind())].append(e)
     drop: list[IndexEntry] = []
     for group in groups.values():
         group.sort(key=lambda e: (e.published_at, e.key), reverse=True)
-        drop += [e for e in group[keep:]
-                 if older_than_days is None or now - e.published_at > timedelta(days=older_than_days)]
+        drop += [
+            e for e in group[keep:] if older_than_days is None or now - e.published_at > timedelta(days=older_than_days)
+        ]
     dropped = {(e.recipe, e.key) for e in drop}
     kept = [e for e in entries if (e.recipe, e.key) not in dropped]
 
@@ -252,7 +286,16 @@ def gc(store: Store, keep: int, *, older_than_days: float | None = None, dry_run
     if not dry_run:
         for b in blobs:
             store.delete_blob(b.sha256)
-    return Collection(store.url, keep, older_than_days, dry_run, len(entries), tuple(Row.of(e) for e in drop),
-                      len(kept), tuple(b.sha256 for b in blobs), sum(b.size for b in blobs),
-                      tuple(b for b in orphans if now - b.modified > ORPHAN_GRACE),
-                      tuple(b for b in orphans if now - b.modified <= ORPHAN_GRACE))
+    return Collection(
+        store.url,
+        keep,
+        older_than_days,
+        dry_run,
+        len(entries),
+        tuple(Row.of(e) for e in drop),
+        len(kept),
+        tuple(b.sha256 for b in blobs),
+        sum(b.size for b in blobs),
+        tuple(b for b in orphans if now - b.modified > ORPHAN_GRACE),
+        tuple(b for b in orphans if now - b.modified <= ORPHAN_GRACE),
+    )

@@ -23,8 +23,11 @@ from warmer.restore import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_BYTES
 
 
 def _emit(args, result, human: str) -> None:
-    print(json.dumps(result.to_json() if hasattr(result, "to_json") else result, indent=1, default=str)
-          if args.json else human)
+    print(
+        json.dumps(result.to_json() if hasattr(result, "to_json") else result, indent=1, default=str)
+        if args.json
+        else human
+    )
 
 
 QUIET = False  # --quiet: errors only on stderr
@@ -44,9 +47,12 @@ def _say(text: str) -> None:
 
 def _store_options(args) -> dict:
     # Transfer bars only for a person at a terminal: never in pipelines or with --json.
-    return {"endpoint_url": getattr(args, "endpoint_url", None), "path_style": getattr(args, "s3_path_style", None) or None,
-            "insecure_registry": getattr(args, "insecure_registry", None) or None,
-            "progress": sys.stderr.isatty() and not args.json and not QUIET}
+    return {
+        "endpoint_url": getattr(args, "endpoint_url", None),
+        "path_style": getattr(args, "s3_path_style", None) or None,
+        "insecure_registry": getattr(args, "insecure_registry", None) or None,
+        "progress": sys.stderr.isatty() and not args.json and not QUIET,
+    }
 
 
 def cmd_fingerprint(args) -> int:
@@ -64,8 +70,15 @@ def cmd_explain(args) -> int:
 def cmd_build(args) -> int:
     recipe = api.recipe(args.recipe)
     try:
-        result = api.build(recipe, args.store, args.root, workdir=args.workdir, allow_partial=args.allow_partial,
-                           sign_key=args.sign_key, **_store_options(args))
+        result = api.build(
+            recipe,
+            args.store,
+            args.root,
+            workdir=args.workdir,
+            allow_partial=args.allow_partial,
+            sign_key=args.sign_key,
+            **_store_options(args),
+        )
     except errors.WarmerError as e:  # the CI summary says why, whatever stopped the build
         partial = getattr(e, "report", None)
         if partial is not None:
@@ -92,8 +105,7 @@ def cmd_pack(args) -> int:
 
 
 def cmd_publish(args) -> int:
-    result = api.publish(args.file, args.store, sign_key=args.sign_key, deadline=args.deadline,
-                         **_store_options(args))
+    result = api.publish(args.file, args.store, sign_key=args.sign_key, deadline=args.deadline, **_store_options(args))
     _emit(args, result, report.pairs(result.to_json()))
     return EXIT_OK
 
@@ -110,16 +122,29 @@ def cmd_fetch(args) -> int:
         return _fetch_all(args)
     if not args.recipe or not args.root:
         raise errors.UsageError("fetch needs RECIPE and --root (or WARMER_ROOT), or --all MANIFESTS --root-base DIR")
-    result = api.fetch(args.recipe, args.store, args.root, gpus_from=args.gpus_from, trusted_keys=args.trusted_key or (),
-                       max_bytes=args.max_bytes, offline=args.offline, lock_timeout=args.lock_timeout,
-                       deadline=args.deadline, owner=args.owner, **_store_options(args))
+    result = api.fetch(
+        args.recipe,
+        args.store,
+        args.root,
+        gpus_from=args.gpus_from,
+        trusted_keys=args.trusted_key or (),
+        max_bytes=args.max_bytes,
+        offline=args.offline,
+        lock_timeout=args.lock_timeout,
+        deadline=args.deadline,
+        owner=args.owner,
+        **_store_options(args),
+    )
     _warn(result.warnings)
     _say(report.fetch(result))
     _write_env(args, result.env)
     if args.metrics_file:
         from warmer.fleet import Outcome
-        api.write_fetch_metrics(args.metrics_file, [Outcome(result.recipe, result.root, result,
-                                                            result.restore.seconds if result.restore else 0.0)])
+
+        api.write_fetch_metrics(
+            args.metrics_file,
+            [Outcome(result.recipe, result.root, result, result.restore.seconds if result.restore else 0.0)],
+        )
     if args.json:
         print(json.dumps(result.to_json(), indent=1, default=str))
     return EXIT_OK if result.hit or not args.require else EXIT_MISS
@@ -127,12 +152,24 @@ def cmd_fetch(args) -> int:
 
 def _fetch_all(args) -> int:
     if args.recipe or args.env_file or args.gpus_from:
-        raise errors.UsageError("fetch --all takes no RECIPE, --env-file or --gpus-from: each recipe goes into "
-                                "--root-base/RECIPE, and its pods' own fetch writes their env file")
-    outcomes = api.fetch_all(args.all, args.store, args.root_base, parallel=args.parallel, skus=args.skus,
-                             trusted_keys=args.trusted_key or (), max_bytes=args.max_bytes, offline=args.offline,
-                             lock_timeout=args.lock_timeout, deadline=args.deadline, owner=args.owner,
-                             **_store_options(args))
+        raise errors.UsageError(
+            "fetch --all takes no RECIPE, --env-file or --gpus-from: each recipe goes into "
+            "--root-base/RECIPE, and its pods' own fetch writes their env file"
+        )
+    outcomes = api.fetch_all(
+        args.all,
+        args.store,
+        args.root_base,
+        parallel=args.parallel,
+        skus=args.skus,
+        trusted_keys=args.trusted_key or (),
+        max_bytes=args.max_bytes,
+        offline=args.offline,
+        lock_timeout=args.lock_timeout,
+        deadline=args.deadline,
+        owner=args.owner,
+        **_store_options(args),
+    )
     for o in outcomes:
         _say(f"warmer fetch --all: {o.line()}")
     if args.metrics_file:
@@ -146,9 +183,18 @@ def _fetch_all(args) -> int:
 
 
 def cmd_restore(args) -> int:
-    result = api.restore(args.file, args.root, recipe_file=args.recipe, trusted_keys=args.trusted_key or (),
-                         signature_file=args.signature, max_bytes=args.max_bytes, force=args.force,
-                         lock_timeout=args.lock_timeout, owner=args.owner, progress=_store_options(args)["progress"])
+    result = api.restore(
+        args.file,
+        args.root,
+        recipe_file=args.recipe,
+        trusted_keys=args.trusted_key or (),
+        signature_file=args.signature,
+        max_bytes=args.max_bytes,
+        force=args.force,
+        lock_timeout=args.lock_timeout,
+        owner=args.owner,
+        progress=_store_options(args)["progress"],
+    )
     if args.recipe or args.env_file:
         # Without --recipe, the artifact's own (artifact.json records it): an image build needs no recipe file.
         _write_env(args, api.serving_env(args.recipe, args.root, offline=args.offline))
@@ -163,8 +209,9 @@ def cmd_verify(args) -> int:
 
 
 def cmd_flashinfer_check(args) -> int:
-    result = api.flashinfer_check(args.root, recipe_file=args.recipe, backdate=args.backdate,
-                                  include_site_packages=args.include_site_packages)
+    result = api.flashinfer_check(
+        args.root, recipe_file=args.recipe, backdate=args.backdate, include_site_packages=args.include_site_packages
+    )
     _emit(args, result, report.flashinfer_check(result))
     final = result.get("dry_run_after", result["dry_run"])
     return EXIT_OK if final["clean"] is not False else EXIT_NOT_HIT
@@ -189,7 +236,9 @@ def cmd_ls(args) -> int:
 
 
 def cmd_gc(args) -> int:
-    result = api.gc(args.store, args.keep, older_than_days=args.older_than, dry_run=args.dry_run, **_store_options(args))
+    result = api.gc(
+        args.store, args.keep, older_than_days=args.older_than, dry_run=args.dry_run, **_store_options(args)
+    )
     _emit(args, result, report.gc(result))
     return EXIT_OK
 
@@ -220,8 +269,11 @@ def cmd_serve(args) -> int:
         _emit(args, plan, plan.shell().rstrip())
         return EXIT_MISS if args.require_hit and plan.predicted_miss else EXIT_OK
     if args.require_hit and plan.predicted_miss:
-        print("warmer: serve: refusing to start: vLLM would compile from cold (above); without --require-hit it "
-              "starts anyway", file=sys.stderr)
+        print(
+            "warmer: serve: refusing to start: vLLM would compile from cold (above); without --require-hit it "
+            "starts anyway",
+            file=sys.stderr,
+        )
         return EXIT_MISS
     sys.stdout.flush()
     api.serve(plan)  # does not return
@@ -229,8 +281,9 @@ def cmd_serve(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    result = api.doctor(root=args.root, recipe_file=args.recipe, env_file=args.env_file, pid=args.pid,
-                        mountinfo=args.mountinfo)
+    result = api.doctor(
+        root=args.root, recipe_file=args.recipe, env_file=args.env_file, pid=args.pid, mountinfo=args.mountinfo
+    )
     _emit(args, result, report.doctor(result))
     return EXIT_OK if result.ok else EXIT_FINDINGS
 
@@ -239,8 +292,10 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-EPILOG = ("environment: WARMER_STORE, WARMER_ROOT, WARMER_TRUSTED_KEY and WARMER_REQUIRE are the defaults of\n"
-          "--store, --root, --trusted-key and --require; a flag wins.\n\nexit codes:\n" + errors.exit_code_table())
+EPILOG = (
+    "environment: WARMER_STORE, WARMER_ROOT, WARMER_TRUSTED_KEY and WARMER_REQUIRE are the defaults of\n"
+    "--store, --root, --trusted-key and --require; a flag wins.\n\nexit codes:\n" + errors.exit_code_table()
+)
 
 
 JSON_ERRORS = False  # --json somewhere in argv: argparse's own usage errors are JSON on stdout too
@@ -265,16 +320,21 @@ class Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = Parser(prog="warmer", description="Warm vLLM's compile caches once per GPU type; "
-               "start every later node warm.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(
+        prog="warmer",
+        description="Warm vLLM's compile caches once per GPU type; start every later node warm.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--version", action="version", version=f"warmer {__version__}")
     quiet = "print errors only on stderr (no warnings, no progress)"
     p.add_argument("-q", "--quiet", action="store_true", help=quiet)
     sub = p.add_subparsers(dest="command", required=True)
 
     def cmd(name, fn, help_):
-        c = sub.add_parser(name, help=help_, description=help_, epilog=EPILOG,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        c = sub.add_parser(
+            name, help=help_, description=help_, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
         c.set_defaults(fn=fn)
         c.add_argument("--json", action="store_true", help="print JSON for machines (errors too, on stdout)")
         # After the command too (warmer fetch ... -q); SUPPRESS: absent here, the top level's value stands.
@@ -283,45 +343,68 @@ def parser() -> argparse.ArgumentParser:
 
     def env_out(c):
         c.add_argument("--env-file", help="write the env vLLM must start with to this file")
-        c.add_argument("--env-format", choices=("dotenv", "shell"), default="dotenv",
-                       help="format of --env-file (default dotenv: KEY=VALUE, quoted where needed)")
-        c.add_argument("--offline", action="store_true",
-                       help="nodes without network: forbid FlashInfer downloads (FLASHINFER_NO_DOWNLOAD=1); a "
-                            "kernel the warm-up never fetched is then an error at serve time")
+        c.add_argument(
+            "--env-format",
+            choices=("dotenv", "shell"),
+            default="dotenv",
+            help="format of --env-file (default dotenv: KEY=VALUE, quoted where needed)",
+        )
+        c.add_argument(
+            "--offline",
+            action="store_true",
+            help="nodes without network: forbid FlashInfer downloads (FLASHINFER_NO_DOWNLOAD=1); a "
+            "kernel the warm-up never fetched is then an error at serve time",
+        )
 
     def sign_key(c):
         c.add_argument("--sign-key", help="Ed25519 private key (PEM) to sign the artifact with")
 
     def trust(c):
         default = [k for k in os.environ.get("WARMER_TRUSTED_KEY", "").split(os.pathsep) if k] or None
-        c.add_argument("--trusted-key", action="append", metavar="PUBKEY", default=default,
-                       help="Ed25519 public key (PEM); when given, only artifacts it signed are restored "
-                            "(repeat for several keys; env WARMER_TRUSTED_KEY, several separated by ':')")
+        c.add_argument(
+            "--trusted-key",
+            action="append",
+            metavar="PUBKEY",
+            default=default,
+            help="Ed25519 public key (PEM); when given, only artifacts it signed are restored "
+            "(repeat for several keys; env WARMER_TRUSTED_KEY, several separated by ':')",
+        )
 
     # --store and --root are never required=True in argparse: the env can give them, and argparse's
     # usage line cannot say "this flag or that variable". main() refuses a command that has neither.
     def store(c, required=True):
         default = os.environ.get("WARMER_STORE")
-        c.add_argument("--store", default=default, metavar="URL",
-                       help="where artifacts live: file:///abs/dir, s3://bucket/prefix or oci://registry/repository "
-                            f"({'required: this or ' if required else ''}env WARMER_STORE"
-                            f"{', now ' + default if default else ''})")
+        c.add_argument(
+            "--store",
+            default=default,
+            metavar="URL",
+            help="where artifacts live: file:///abs/dir, s3://bucket/prefix or oci://registry/repository "
+            f"({'required: this or ' if required else ''}env WARMER_STORE"
+            f"{', now ' + default if default else ''})",
+        )
         c.set_defaults(needs_store=required)
         s3(c)
 
     def root(c, required=True, what="the directory vLLM's caches live under (the build's root path)"):
         default = os.environ.get("WARMER_ROOT")
-        c.add_argument("--root", default=default,
-                       help=f"{what} ({'required: this or ' if required else ''}env WARMER_ROOT"
-                            f"{', now ' + default if default else ''})")
+        c.add_argument(
+            "--root",
+            default=default,
+            help=f"{what} ({'required: this or ' if required else ''}env WARMER_ROOT"
+            f"{', now ' + default if default else ''})",
+        )
         c.set_defaults(needs_root=required)
 
     def s3(c):
         c.add_argument("--endpoint-url", help="S3-compatible endpoint (default: boto3's, e.g. AWS_ENDPOINT_URL)")
-        c.add_argument("--s3-path-style", action="store_true",
-                       help="path-style S3 addressing (endpoint/bucket/key), as many S3-compatible stores need")
-        c.add_argument("--insecure-registry", action="store_true",
-                       help="plain HTTP to an oci:// registry that is not on loopback")
+        c.add_argument(
+            "--s3-path-style",
+            action="store_true",
+            help="path-style S3 addressing (endpoint/bucket/key), as many S3-compatible stores need",
+        )
+        c.add_argument(
+            "--insecure-registry", action="store_true", help="plain HTTP to an oci:// registry that is not on loopback"
+        )
 
     def recipe(c):
         c.add_argument("recipe", metavar="RECIPE", help="a recipe file, e.g. manifests/models/NAME.toml")
@@ -329,21 +412,41 @@ def parser() -> argparse.ArgumentParser:
     def bounded(c, default: float | None, what: str):
         env = os.environ.get(deadline.ENV)
         # A string default goes through type= as a flag would: a bad value is a usage error, not a traceback.
-        c.add_argument("--deadline", type=_seconds, default=env or default, metavar="SECONDS",
-                       help=f"give up on the store after this long: {what} (env {deadline.ENV}; default "
-                            f"{'none' if default is None else f'{default:.0f}'}{', now ' + env if env else ''})")
+        c.add_argument(
+            "--deadline",
+            type=_seconds,
+            default=env or default,
+            metavar="SECONDS",
+            help=f"give up on the store after this long: {what} (env {deadline.ENV}; default "
+            f"{'none' if default is None else f'{default:.0f}'}{', now ' + env if env else ''})",
+        )
 
     def owner(c):
-        c.add_argument("--owner", type=_owner, default=os.environ.get("WARMER_OWNER") or None, metavar="UID:GID",
-                       help="hand the restored root to this user (run as root): vLLM, which writes lock and "
-                            "temporary files into it even on a full hit, runs as UID (env WARMER_OWNER)")
+        c.add_argument(
+            "--owner",
+            type=_owner,
+            default=os.environ.get("WARMER_OWNER") or None,
+            metavar="UID:GID",
+            help="hand the restored root to this user (run as root): vLLM, which writes lock and "
+            "temporary files into it even on a full hit, runs as UID (env WARMER_OWNER)",
+        )
 
     def limits(c):
-        c.add_argument("--max-bytes", type=size, default=DEFAULT_MAX_BYTES, metavar="SIZE",
-                       help="refuse artifacts that unpack to more than this: bytes, or with a unit, e.g. 256GiB, "
-                            f"512MiB, 10GB (default {DEFAULT_MAX_BYTES >> 30} GiB)")
-        c.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT, metavar="SECONDS",
-                       help="wait at most this long for another restore of the same root (default 900)")
+        c.add_argument(
+            "--max-bytes",
+            type=size,
+            default=DEFAULT_MAX_BYTES,
+            metavar="SIZE",
+            help="refuse artifacts that unpack to more than this: bytes, or with a unit, e.g. 256GiB, "
+            f"512MiB, 10GB (default {DEFAULT_MAX_BYTES >> 30} GiB)",
+        )
+        c.add_argument(
+            "--lock-timeout",
+            type=float,
+            default=DEFAULT_LOCK_TIMEOUT,
+            metavar="SECONDS",
+            help="wait at most this long for another restore of the same root (default 900)",
+        )
 
     c = cmd("fingerprint", cmd_fingerprint, "describe this node")
     c.add_argument("--root", help="also record this cache root")
@@ -360,9 +463,12 @@ def parser() -> argparse.ArgumentParser:
     root(c, what="an empty directory, the path nodes serve from: all caches live under it")
     c.add_argument("--workdir", help="logs and the artifact file (default: a new temporary directory)")
     c.add_argument("--allow-partial", action="store_true", help="publish even if verify sees recompiles")
-    c.add_argument("--step-summary", metavar="FILE",
-                   help="append a Markdown summary (cold and restored times, artifact size, verify result) "
-                        "to FILE, e.g. $GITHUB_STEP_SUMMARY")
+    c.add_argument(
+        "--step-summary",
+        metavar="FILE",
+        help="append a Markdown summary (cold and restored times, artifact size, verify result) "
+        "to FILE, e.g. $GITHUB_STEP_SUMMARY",
+    )
     sign_key(c)
 
     c = cmd("pack", cmd_pack, "pack a warmed root into an artifact file")
@@ -381,26 +487,44 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("recipe", metavar="RECIPE", nargs="?", help="a recipe file, e.g. manifests/models/NAME.toml")
     store(c)
     root(c, required=False)
-    c.add_argument("--require", action="store_true", default=_env_flag("WARMER_REQUIRE"),
-                   help=f"exit {EXIT_MISS} on a miss instead of 0 (env WARMER_REQUIRE=1)")
-    c.add_argument("--all", metavar="MANIFESTS",
-                   help="every recipe in MANIFESTS (a directory with skus.toml and models/) that targets this node's "
-                        "SKU, each into --root-base/RECIPE: node bootstrap at the node (DaemonSet, systemd unit)")
-    c.add_argument("--root-base", default=matrix.DEFAULT_ROOT_BASE, metavar="DIR",
-                   help="with --all: each recipe's root is DIR/RECIPE, the path CI built it at (default /cache)")
+    c.add_argument(
+        "--require",
+        action="store_true",
+        default=_env_flag("WARMER_REQUIRE"),
+        help=f"exit {EXIT_MISS} on a miss instead of 0 (env WARMER_REQUIRE=1)",
+    )
+    c.add_argument(
+        "--all",
+        metavar="MANIFESTS",
+        help="every recipe in MANIFESTS (a directory with skus.toml and models/) that targets this node's "
+        "SKU, each into --root-base/RECIPE: node bootstrap at the node (DaemonSet, systemd unit)",
+    )
+    c.add_argument(
+        "--root-base",
+        default=matrix.DEFAULT_ROOT_BASE,
+        metavar="DIR",
+        help="with --all: each recipe's root is DIR/RECIPE, the path CI built it at (default /cache)",
+    )
     c.add_argument("--skus", help="with --all: the SKU catalogue (default: skus.toml in or above MANIFESTS)")
     c.add_argument("--parallel", type=int, default=2, metavar="N", help="with --all: recipes fetched at once")
-    c.add_argument("--metrics-file", metavar="PATH",
-                   help="write node_exporter textfile-collector metrics (warmer_fetch_seconds, warmer_artifact_bytes, "
-                        "warmer_fetch_status) to PATH, e.g. /var/lib/node_exporter/textfile/warmer.prom")
-    c.add_argument("--gpus-from", metavar="FILE",
-                   help="fetch for the GPUs of this saved fingerprint (`warmer fingerprint --json` on a serving "
-                        "node), not this machine's: an image build on a machine without the target GPU")
+    c.add_argument(
+        "--metrics-file",
+        metavar="PATH",
+        help="write node_exporter textfile-collector metrics (warmer_fetch_seconds, warmer_artifact_bytes, "
+        "warmer_fetch_status) to PATH, e.g. /var/lib/node_exporter/textfile/warmer.prom",
+    )
+    c.add_argument(
+        "--gpus-from",
+        metavar="FILE",
+        help="fetch for the GPUs of this saved fingerprint (`warmer fingerprint --json` on a serving "
+        "node), not this machine's: an image build on a machine without the target GPU",
+    )
     env_out(c)
     limits(c)
     trust(c)
-    bounded(c, deadline.DEFAULT_S, "the whole fetch (index, download, restore) is then a miss; with --all, the "
-            "whole run")
+    bounded(
+        c, deadline.DEFAULT_S, "the whole fetch (index, download, restore) is then a miss; with --all, the whole run"
+    )
     owner(c)
 
     c = cmd("restore", cmd_restore, "restore a local artifact file into a root")
@@ -419,18 +543,29 @@ def parser() -> argparse.ArgumentParser:
     root(c, what="a root holding a restored artifact")
     c.add_argument("--workdir", help="logs (default: a new temporary directory)")
 
-    c = cmd("flashinfer-check", cmd_flashinfer_check,
-            "will FlashInfer rebuild the JIT modules under a root? contract, ninja dry run, newer inputs")
+    c = cmd(
+        "flashinfer-check",
+        cmd_flashinfer_check,
+        "will FlashInfer rebuild the JIT modules under a root? contract, ninja dry run, newer inputs",
+    )
     root(c, what="a root holding a restored artifact")
     c.add_argument("--recipe", help="check in the env this recipe serves with")
-    c.add_argument("--backdate", action="store_true",
-                   help="set inputs newer than the cache to just before it (files in the root only, unless "
-                        "--include-site-packages)")
-    c.add_argument("--include-site-packages", action="store_true",
-                   help="with --backdate: also back-date installed headers (pip gives them the install time)")
+    c.add_argument(
+        "--backdate",
+        action="store_true",
+        help="set inputs newer than the cache to just before it (files in the root only, unless "
+        "--include-site-packages)",
+    )
+    c.add_argument(
+        "--include-site-packages",
+        action="store_true",
+        help="with --backdate: also back-date installed headers (pip gives them the install time)",
+    )
 
     c = cmd("inspect", cmd_inspect, "show the artifact.json of an artifact file or of a published artifact")
-    c.add_argument("file", metavar="FILE|URL", help="an artifact file, or STORE/index/RECIPE/KEY (a key prefix will do)")
+    c.add_argument(
+        "file", metavar="FILE|URL", help="an artifact file, or STORE/index/RECIPE/KEY (a key prefix will do)"
+    )
     c.add_argument("--full", action="store_true", help="with --json: the whole artifact.json, file list included")
     s3(c)
 
@@ -438,14 +573,22 @@ def parser() -> argparse.ArgumentParser:
     store(c, required=False)
     c.add_argument("--recipe", metavar="RECIPE", help="only this recipe's artifacts: its file (or its name)")
     bounded(c, deadline.DEFAULT_S, "the listing fails")
-    c.add_argument("--root-base", metavar="DIR",
-                   help="list the roots under DIR on this node instead: recipe, key, size, restored when, and "
-                        "whether the artifact still fits this node")
+    c.add_argument(
+        "--root-base",
+        metavar="DIR",
+        help="list the roots under DIR on this node instead: recipe, key, size, restored when, and "
+        "whether the artifact still fits this node",
+    )
 
     c = cmd("gc", cmd_gc, "delete all but the newest artifacts of each recipe and machine kind, and unused blobs")
     store(c)
-    c.add_argument("--keep", type=int, required=True, metavar="N",
-                   help="keep the newest N artifacts of each recipe on each machine kind (CPU arch + GPU model)")
+    c.add_argument(
+        "--keep",
+        type=int,
+        required=True,
+        metavar="N",
+        help="keep the newest N artifacts of each recipe on each machine kind (CPU arch + GPU model)",
+    )
     c.add_argument("--older-than", type=float, metavar="DAYS", help="delete only artifacts published over DAYS ago")
     c.add_argument("--dry-run", action="store_true", help="say what would be deleted, delete nothing")
 
@@ -456,30 +599,51 @@ def parser() -> argparse.ArgumentParser:
 
     c = cmd("matrix", cmd_matrix, "the recipe x GPU SKU matrix for a CI job per SKU (GitHub Actions strategy.matrix)")
     c.add_argument("paths", nargs="+", metavar="MANIFESTS", help="the manifests directory, or recipe files")
-    c.add_argument("--format", choices=("github", "json"), default="github",
-                   help="github: one line of strategy.matrix JSON for $GITHUB_OUTPUT (default); json: the entries")
+    c.add_argument(
+        "--format",
+        choices=("github", "json"),
+        default="github",
+        help="github: one line of strategy.matrix JSON for $GITHUB_OUTPUT (default); json: the entries",
+    )
     c.add_argument("--skus", help="the SKU catalogue (default: skus.toml in or above MANIFESTS)")
     c.add_argument("--sku", action="append", help="only this SKU (repeat for several)")
-    c.add_argument("--root-base", default=matrix.DEFAULT_ROOT_BASE,
-                   help="each entry's root is ROOT_BASE/RECIPE (default /cache): build and serve at the same path")
+    c.add_argument(
+        "--root-base",
+        default=matrix.DEFAULT_ROOT_BASE,
+        help="each entry's root is ROOT_BASE/RECIPE (default /cache): build and serve at the same path",
+    )
 
-    c = cmd("serve", cmd_serve, "start vLLM exactly as warmed: the recipe's model and engine args as `vllm serve` "
-            "flags, the env for the root's artifact, and a check that vLLM's own compile key will hold")
+    c = cmd(
+        "serve",
+        cmd_serve,
+        "start vLLM exactly as warmed: the recipe's model and engine args as `vllm serve` "
+        "flags, the env for the root's artifact, and a check that vLLM's own compile key will hold",
+    )
     recipe(c)
     root(c, what="the root the artifact was fetched into")
     c.add_argument("--env-file", help="an env file (warmer fetch --env-file) applied on top")
     c.add_argument("--offline", action="store_true", help="forbid FlashInfer downloads (FLASHINFER_NO_DOWNLOAD=1)")
     c.add_argument("--dry-run", action="store_true", help="print the env and the command, start nothing")
-    c.add_argument("--require-hit", action="store_true",
-                   help=f"exit {EXIT_MISS} instead of starting when vLLM would compile from cold (no artifact, or "
-                        "an env var or flag it hashes differs from the build)")
-    c.epilog = ("more `vllm serve` flags go after --, e.g. `warmer serve R --root D -- --port 8000`; engine args "
-                "there are not the warmed ones (a warning says so)\n\n" + EPILOG)
+    c.add_argument(
+        "--require-hit",
+        action="store_true",
+        help=f"exit {EXIT_MISS} instead of starting when vLLM would compile from cold (no artifact, or "
+        "an env var or flag it hashes differs from the build)",
+    )
+    c.epilog = (
+        "more `vllm serve` flags go after --, e.g. `warmer serve R --root D -- --port 8000`; engine args "
+        "there are not the warmed ones (a warning says so)\n\n" + EPILOG
+    )
 
-    c = cmd("doctor", cmd_doctor, "check a serving environment: where the caches land, FlashInfer's writable "
-            "directories, env vLLM hashes into its compile key, the active artifact")
-    c.add_argument("--root", help="the warmer root to check the active artifact of (default: found from "
-                                  "VLLM_CACHE_ROOT)")
+    c = cmd(
+        "doctor",
+        cmd_doctor,
+        "check a serving environment: where the caches land, FlashInfer's writable "
+        "directories, env vLLM hashes into its compile key, the active artifact",
+    )
+    c.add_argument(
+        "--root", help="the warmer root to check the active artifact of (default: found from VLLM_CACHE_ROOT)"
+    )
     c.add_argument("--recipe", help="the recipe being served: check the artifact's path contract against it")
     c.add_argument("--env-file", help="the env file vLLM starts with (warmer fetch --env-file), applied on top")
     c.add_argument("--pid", type=int, help="check the env of this process instead (e.g. 1: vLLM in its container)")
@@ -511,15 +675,19 @@ def size(text: str) -> int:
         scale = 1 if unit == "B" else (1024 if "I" in unit else 1000) ** " KMGT".index(unit[0])
         if (unit != "B" or number.isdigit()) and float(number) * scale >= 1:  # no fractions of a byte
             return int(float(number) * scale)
-    raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes (e.g. 274877906944) or a number and a "
-                                     "unit, e.g. 256GiB, 512MiB, 10GB (GB is 10^9 bytes, GiB 2^30)")
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a size: give bytes (e.g. 274877906944) or a number and a "
+        "unit, e.g. 256GiB, 512MiB, 10GB (GB is 10^9 bytes, GiB 2^30)"
+    )
 
 
 def _owner(text: str) -> tuple[int, int]:
     uid, sep, gid = text.partition(":")
     if not uid.isdigit() or (sep and not gid.isdigit()):
-        raise argparse.ArgumentTypeError(f"{text!r} is not UID or UID:GID in numbers (e.g. 1000:1000, as the "
-                                         "serving container's runAsUser and runAsGroup)")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not UID or UID:GID in numbers (e.g. 1000:1000, as the "
+            "serving container's runAsUser and runAsGroup)"
+        )
     return int(uid), int(gid) if sep else int(uid)
 
 
@@ -552,18 +720,19 @@ def _stdout_gone() -> bool:
 
 def _needs(args) -> None:
     """--store and --root where a command needs them: the flag, or the env var (see store() in parser)."""
-    for flag, env, what in (("store", "WARMER_STORE", "URL: file:///abs/dir, s3://bucket/prefix or "
-                             "oci://registry/repository"), ("root", "WARMER_ROOT", "DIR")):
+    for flag, env, what in (
+        ("store", "WARMER_STORE", "URL: file:///abs/dir, s3://bucket/prefix or oci://registry/repository"),
+        ("root", "WARMER_ROOT", "DIR"),
+    ):
         if getattr(args, f"needs_{flag}", False) and not getattr(args, flag, None):
-            raise errors.UsageError(f"--{flag} is required here: give --{flag} {what}, or set {env} in the "
-                                    "environment")
+            raise errors.UsageError(f"--{flag} is required here: give --{flag} {what}, or set {env} in the environment")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after a lone -- goes to vLLM as it is (warmer serve R --root D -- --port 8000).
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    ours = argv[:argv.index("--")] if "--" in argv else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    ours = argv[: argv.index("--")] if "--" in argv else argv
     global JSON_ERRORS
     JSON_ERRORS = "--json" in ours
     args = parser().parse_args(ours)
@@ -586,8 +755,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a file the operator named, a disk: the message says which
         if isinstance(e, BrokenPipeError) and _stdout_gone():
             raise  # whoever read stdout went away (`warmer ls | head -1`): run() ends quietly
-        return _fail(args, f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), "os-error",
-                     errors.EXIT_ERROR)
+        return _fail(
+            args, f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), "os-error", errors.EXIT_ERROR
+        )
 
 
 def run() -> None:

@@ -20,8 +20,8 @@ import enum
 import hashlib
 import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Callable, Mapping
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -31,6 +31,7 @@ from warmer.fingerprint import Fingerprint
 
 class Kind(str, enum.Enum):
     """How a rule decides: equal (hard), satisfied (ranged), or never (advisory)."""
+
     HARD = "hard"
     RANGED = "ranged"
     ADVISORY = "advisory"
@@ -57,11 +58,11 @@ def _flashinfer(fp: Fingerprint) -> bool:
 
 @dataclass(frozen=True)
 class Rule:
-    field: str                                  # dotted path into the fingerprint
+    field: str  # dotted path into the fingerprint
     kind: Kind
-    why: str                                    # what goes wrong when it does not hold
-    hard_when: Callable[[Fingerprint], bool] | None = None   # HARD only where this holds, else ADVISORY
-    spec: str = ""                              # RANGED: the node's value must be in SpecifierSet(spec + built)
+    why: str  # what goes wrong when it does not hold
+    hard_when: Callable[[Fingerprint], bool] | None = None  # HARD only where this holds, else ADVISORY
+    spec: str = ""  # RANGED: the node's value must be in SpecifierSet(spec + built)
 
     def kind_for(self, *fps: Fingerprint) -> Kind:
         if self.hard_when is None:
@@ -86,37 +87,79 @@ HARD_PACKAGES = {
 RULES: tuple[Rule, ...] = (
     Rule("machine", HARD, "native code (C++ kernels, cubins' host code) runs on one CPU architecture"),
     Rule("os", HARD, "native code is built for one operating system"),
-    Rule("python", HARD, "torch checks the Python version when it loads a compiled artifact; "
-                         "Inductor's C++ kernels include its headers"),
+    Rule(
+        "python",
+        HARD,
+        "torch checks the Python version when it loads a compiled artifact; Inductor's C++ kernels include its headers",
+    ),
     Rule("torch_cuda", HARD, "Inductor keys on the CUDA version torch was built with"),
     Rule("gpu.name", HARD, "Inductor keys its cache on the GPU's name: H100 SXM and H100 PCIe do not share"),
-    Rule("gpu.compute_capability", HARD, "FlashInfer's 'a' kernels run only on their exact compute "
-                                         "capability, and vLLM's AOT key has no GPU arch in it"),
+    Rule(
+        "gpu.compute_capability",
+        HARD,
+        "FlashInfer's 'a' kernels run only on their exact compute capability, and vLLM's AOT key has no GPU arch in it",
+    ),
     Rule("gpu.arch", HARD, "FlashInfer names its JIT workspace by this tag and builds code for it alone"),
-    Rule("gpu.mixed", HARD, "an artifact holds kernels for one GPU type; a node whose GPUs differ "
-                            "from each other gets none"),
-    Rule("paths.python_prefix", HARD, "Inductor's C++ kernels and FlashInfer's ninja files hold -I paths "
-                                      "into the Python install: another prefix recompiles them"),
-    Rule("cpu.isa", HARD, "Inductor's CPU cache does not key on the instruction set: an AVX-512 artifact "
-                          "gave wrong numbers on AVX2, the reverse crashed", hard_when=_cpu_backend),
-    Rule("cpu.aten_capability", HARD, "ATEN_CPU_CAPABILITY overrides the ISA Inductor compiles for",
-         hard_when=_cpu_backend),
-    Rule("cpu.threads", HARD, "Inductor keys its C++ kernels on torch's thread count: another count misses",
-         hard_when=_cpu_backend),
-    Rule("paths.cuda_home", HARD, "vLLM hashes CUDA_HOME into its compile key and FlashInfer's ninja lines "
-                                  "hold it", hard_when=_gpu_backend),
-    Rule("nvcc", HARD, "FlashInfer's JIT modules need the CUDA runtime of the toolkit that built them, and "
-                       "its arch tag for sm_120 depends on the toolkit", hard_when=_flashinfer),
-    Rule("ninja", HARD, "ninja 1.12+ and 1.11 read each other's logs as stale: FlashInfer's JIT cache "
-                        "rebuilds", hard_when=_flashinfer),
-    Rule("paths.flashinfer", HARD, "FlashInfer's build.ninja holds absolute paths into its install",
-         hard_when=_flashinfer),
-    Rule("gpu.driver", RANGED, "a newer driver runs code built for an older one; an older one may not",
-         spec=">="),
-    Rule("gpu.cuda_driver", RANGED, "the driver must support the CUDA version the kernels were built with",
-         spec=">="),
-    Rule("glibc", RANGED, "compiled kernels link against glibc: a newer one runs them, an older one may not",
-         spec=">="),
+    Rule(
+        "gpu.mixed",
+        HARD,
+        "an artifact holds kernels for one GPU type; a node whose GPUs differ from each other gets none",
+    ),
+    Rule(
+        "paths.python_prefix",
+        HARD,
+        "Inductor's C++ kernels and FlashInfer's ninja files hold -I paths "
+        "into the Python install: another prefix recompiles them",
+    ),
+    Rule(
+        "cpu.isa",
+        HARD,
+        "Inductor's CPU cache does not key on the instruction set: an AVX-512 artifact "
+        "gave wrong numbers on AVX2, the reverse crashed",
+        hard_when=_cpu_backend,
+    ),
+    Rule(
+        "cpu.aten_capability",
+        HARD,
+        "ATEN_CPU_CAPABILITY overrides the ISA Inductor compiles for",
+        hard_when=_cpu_backend,
+    ),
+    Rule(
+        "cpu.threads",
+        HARD,
+        "Inductor keys its C++ kernels on torch's thread count: another count misses",
+        hard_when=_cpu_backend,
+    ),
+    Rule(
+        "paths.cuda_home",
+        HARD,
+        "vLLM hashes CUDA_HOME into its compile key and FlashInfer's ninja lines hold it",
+        hard_when=_gpu_backend,
+    ),
+    Rule(
+        "nvcc",
+        HARD,
+        "FlashInfer's JIT modules need the CUDA runtime of the toolkit that built them, and "
+        "its arch tag for sm_120 depends on the toolkit",
+        hard_when=_flashinfer,
+    ),
+    Rule(
+        "ninja",
+        HARD,
+        "ninja 1.12+ and 1.11 read each other's logs as stale: FlashInfer's JIT cache rebuilds",
+        hard_when=_flashinfer,
+    ),
+    Rule(
+        "paths.flashinfer",
+        HARD,
+        "FlashInfer's build.ninja holds absolute paths into its install",
+        hard_when=_flashinfer,
+    ),
+    Rule("gpu.driver", RANGED, "a newer driver runs code built for an older one; an older one may not", spec=">="),
+    Rule("gpu.cuda_driver", RANGED, "the driver must support the CUDA version the kernels were built with", spec=">="),
+    Rule(
+        "glibc", RANGED, "compiled kernels link against glibc: a newer one runs them, an older one may not", spec=">="
+    ),
     Rule("gpu.count", RANGED, "the recipe's tensor x pipeline parallel size needs that many GPUs"),
     Rule("cpu.model", ADVISORY, "recorded: the ISA flags decide, not the model name"),
     Rule("cpu.vendor", ADVISORY, "recorded: the ISA flags decide"),
@@ -131,11 +174,14 @@ RULES: tuple[Rule, ...] = (
 # (ai-dynamo/dynamo#10695: VLLM_NIXL_SIDE_CHANNEL_HOST set to the pod IP).
 VOLATILE_NAME = re.compile(
     r"(^|_)(IP|IPS|HOST|HOSTS|HOSTNAME|ADDR|ADDRESS|RANK|RANK_LOCAL|POD_NAME|NODE_NAME|NODENAME|"
-    r"RUN_ID|JOB_ID|UUID|SESSION_ID)$")
+    r"RUN_ID|JOB_ID|UUID|SESSION_ID)$"
+)
 VOLATILE_VALUE = re.compile(
-    r"\b\d{1,3}(\.\d{1,3}){3}\b"                                    # an IPv4 address
+    r"\b\d{1,3}(\.\d{1,3}){3}\b"  # an IPv4 address
     r"|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"  # a UUID
-    r"|\b[0-9a-f]{4}(:[0-9a-f]{0,4}){2,7}\b", re.I)                  # an IPv6 address
+    r"|\b[0-9a-f]{4}(:[0-9a-f]{0,4}){2,7}\b",
+    re.I,
+)  # an IPv6 address
 
 
 LOOPBACK = re.compile(r"^(127\.[\d.]+|0\.0\.0\.0|::1?|localhost)$", re.I)
@@ -155,10 +201,12 @@ def volatile_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def volatile_warnings(env: dict[str, str]) -> list[str]:
-    return [f"recipe env {name} looks per-pod ({why}): warmer leaves it out of the key, but vLLM hashes "
-            f"its env into its own compile key, so every pod with another value would recompile "
-            f"(ai-dynamo/dynamo#10695); set it at serve time, outside the recipe"
-            for name, why in volatile_env(env).items()]
+    return [
+        f"recipe env {name} looks per-pod ({why}): warmer leaves it out of the key, but vLLM hashes "
+        f"its env into its own compile key, so every pod with another value would recompile "
+        f"(ai-dynamo/dynamo#10695); set it at serve time, outside the recipe"
+        for name, why in volatile_env(env).items()
+    ]
 
 
 def _rules(*fps: Fingerprint) -> list[tuple[Rule, Kind]]:
@@ -213,8 +261,10 @@ def unfit_reasons(fp: Fingerprint) -> list[str]:
         for d in fp.gpu.devices:
             kinds.setdefault(f"{d.name} (sm {d.compute_capability})", []).append(str(d.index))
         listed = "; ".join(f"GPU {','.join(ix)}: {k}" for k, ix in kinds.items())
-        return [f"this node's GPUs differ from each other ({listed}): an artifact fits one GPU type; "
-                "give the pod GPUs of one type (CUDA_VISIBLE_DEVICES or the device plugin's resource)"]
+        return [
+            f"this node's GPUs differ from each other ({listed}): an artifact fits one GPU type; "
+            "give the pod GPUs of one type (CUDA_VISIBLE_DEVICES or the device plugin's resource)"
+        ]
     return []
 
 
@@ -226,7 +276,7 @@ class Decision:
     node: object
     ok: bool
     reason: str
-    why: str = ""   # what goes wrong when the rule does not hold
+    why: str = ""  # what goes wrong when the rule does not hold
 
     def to_json(self) -> dict:
         return {**asdict(self), "kind": self.kind.value}
@@ -246,8 +296,9 @@ def _equal_reason(field: str, built, node) -> str:
         return "same"
     if isinstance(built, list) and isinstance(node, list):
         missing, extra = [v for v in built if v not in node], [v for v in node if v not in built]
-        parts = ([f"missing on this node: {', '.join(map(str, missing))}"] if missing else []) + \
-                ([f"only on this node: {', '.join(map(str, extra))}"] if extra else [])
+        parts = ([f"missing on this node: {', '.join(map(str, missing))}"] if missing else []) + (
+            [f"only on this node: {', '.join(map(str, extra))}"] if extra else []
+        )
         return "; ".join(parts)
     if field == "gpu.mixed" and True in (built, node):
         return "this node's GPUs differ from each other" if node else "the build node's GPUs differed"
@@ -291,8 +342,13 @@ def decisions(built: Fingerprint, node: Fingerprint, recipe_identity: Mapping | 
         if rule.field == "gpu.count":
             need = gpus_needed(recipe_identity) if b else 0
             ok = (n or 0) >= need
-            reason = ("the build had no GPU" if not b else f"{n} GPU(s), the recipe needs {need}" if ok
-                      else f"this node has {n or 0} GPU(s), the recipe needs {need}")
+            reason = (
+                "the build had no GPU"
+                if not b
+                else f"{n} GPU(s), the recipe needs {need}"
+                if ok
+                else f"this node has {n or 0} GPU(s), the recipe needs {need}"
+            )
         elif kind == RANGED:
             ok, reason = _at_least(b, n, rule.spec)
         elif kind == HARD:
@@ -308,11 +364,19 @@ def recipe_decisions(built_identity: Mapping, identity: Mapping) -> list[Decisio
     """The recipe the artifact was warmed with against the one asked for, field by field (hard)."""
     b, n = _flat(key_identity(built_identity)), _flat(key_identity(identity))
     name = identity.get("name", "the recipe")
-    return [Decision(f"recipe.{f}", HARD, b.get(f), n.get(f), False,
-                     f"built from another version of {name}: {f} was {_show(b.get(f))}, "
-                     f"this recipe has {_show(n.get(f))}",
-                     "the recipe's model, engine args, env and workload are part of the key")
-            for f in sorted(set(b) | set(n)) if b.get(f) != n.get(f)]
+    return [
+        Decision(
+            f"recipe.{f}",
+            HARD,
+            b.get(f),
+            n.get(f),
+            False,
+            f"built from another version of {name}: {f} was {_show(b.get(f))}, this recipe has {_show(n.get(f))}",
+            "the recipe's model, engine args, env and workload are part of the key",
+        )
+        for f in sorted(set(b) | set(n))
+        if b.get(f) != n.get(f)
+    ]
 
 
 def _flat(doc, prefix: str = "") -> dict:

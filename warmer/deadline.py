@@ -18,16 +18,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from warmer.errors import StoreError
 
 log = logging.getLogger("warmer")
 T = TypeVar("T")
 
-DEFAULT_S = 120.0          # the whole fetch: index, download, restore (huggingface_hub reads in 10 s)
-CONNECT_TIMEOUT_S = 5.0    # one TCP (and TLS) connect
-READ_TIMEOUT_S = 20.0      # one read on a connection that has sent nothing
+DEFAULT_S = 120.0  # the whole fetch: index, download, restore (huggingface_hub reads in 10 s)
+CONNECT_TIMEOUT_S = 5.0  # one TCP (and TLS) connect
+READ_TIMEOUT_S = 20.0  # one read on a connection that has sent nothing
 # A connection that brings fewer than LOW_SPEED_BYTES in a window is cut and asked again (curl's
 # --speed-limit/--speed-time, git's http.lowSpeedLimit): a trickle of a few bytes a second never
 # trips a read timeout. 64 KiB in 15 s is a link some 1,000 times slower than an object store's.
@@ -48,7 +49,7 @@ class Deadline:
     seconds None: no deadline (only the per-request timeouts bound a call). A child deadline ends
     no later than its parent, and cancelling the parent cancels it (fetch --all on SIGTERM)."""
 
-    def __init__(self, seconds: float | None = DEFAULT_S, what: str = "fetch", parent: "Deadline | None" = None):
+    def __init__(self, seconds: float | None = DEFAULT_S, what: str = "fetch", parent: Deadline | None = None):
         if seconds is not None and not seconds > 0:
             raise ValueError("a deadline is a positive number of seconds")
         self.seconds, self.what, self.parent = seconds, what, parent
@@ -59,7 +60,7 @@ class Deadline:
         self.trouble = ""  # the last thing that went wrong (a timeout, a retry): named when it expires
         self.gave_up = False  # a retry was not made for want of time: the failure is the deadline's
 
-    def child(self, what: str, seconds: float | None = None) -> "Deadline":
+    def child(self, what: str, seconds: float | None = None) -> Deadline:
         return Deadline(seconds if seconds is not None else self.seconds, what, parent=self)
 
     def cancel(self) -> None:
@@ -98,8 +99,9 @@ class Deadline:
             return DeadlineExceeded(f"{self.what} stopped while {doing}")
         last = f"; last: {self.trouble}" if self.trouble else ""
         seconds = self.seconds if self.seconds is not None else getattr(self.parent, "seconds", None) or 0
-        return DeadlineExceeded(f"the {self.what} deadline of {seconds:.0f} s (--deadline, {ENV}) passed "
-                                f"while {doing}{last}")
+        return DeadlineExceeded(
+            f"the {self.what} deadline of {seconds:.0f} s (--deadline, {ENV}) passed while {doing}{last}"
+        )
 
     def check(self, doing: str) -> None:
         if self.expired():

@@ -61,32 +61,53 @@ def main(argv: list[str] | None = None) -> int:
 
     cold, warm = built.cold, checked.restored
     summary = {
-        "artifact_bytes": built.archive_bytes, "cache_bytes": built.bytes, "files": built.files,
+        "artifact_bytes": built.archive_bytes,
+        "cache_bytes": built.bytes,
+        "files": built.files,
         "restore_s": got.restore.seconds if got.restore else None,
-        "cold_init_engine_s": cold.get("init_engine_s"), "restored_init_engine_s": warm.get("init_engine_s"),
-        "cold_engine_init_s": cold.get("engine_init_s"), "restored_engine_init_s": warm.get("engine_init_s"),
-        "recompiled_files": checked.files.recompiled, "verdict": checked.verdict,
-        "uncovered_files": len(built.uncovered), "restored_phases": warm.get("phases") or {},
+        "cold_init_engine_s": cold.get("init_engine_s"),
+        "restored_init_engine_s": warm.get("init_engine_s"),
+        "cold_engine_init_s": cold.get("engine_init_s"),
+        "restored_engine_init_s": warm.get("engine_init_s"),
+        "recompiled_files": checked.files.recompiled,
+        "verdict": checked.verdict,
+        "uncovered_files": len(built.uncovered),
+        "restored_phases": warm.get("phases") or {},
     }
-    (work / "report.json").write_text(json.dumps({"build": built.to_json(), "fetch": got.to_json(),
-                                                  "verify": checked.to_json(), "summary": summary},
-                                                 indent=1, default=str))
+    (work / "report.json").write_text(
+        json.dumps(
+            {"build": built.to_json(), "fetch": got.to_json(), "verify": checked.to_json(), "summary": summary},
+            indent=1,
+            default=str,
+        )
+    )
     _step("report")
-    print(f"  artifact:              {summary['files']} files, {summary['cache_bytes'] / 1e6:.1f} MB "
-          f"packed to {summary['artifact_bytes'] / 1e6:.1f} MB")
+    print(
+        f"  artifact:              {summary['files']} files, {summary['cache_bytes'] / 1e6:.1f} MB "
+        f"packed to {summary['artifact_bytes'] / 1e6:.1f} MB"
+    )
     print(f"  fetch + restore:       {summary['restore_s']} s")
-    print(f"  vLLM init engine:      cold {summary['cold_init_engine_s']} s -> restored "
-          f"{summary['restored_init_engine_s']} s")
-    print(f"  LLM() start to ready:  cold {summary['cold_engine_init_s']} s -> restored "
-          f"{summary['restored_engine_init_s']} s")
+    print(
+        f"  vLLM init engine:      cold {summary['cold_init_engine_s']} s -> restored "
+        f"{summary['restored_init_engine_s']} s"
+    )
+    print(
+        f"  LLM() start to ready:  cold {summary['cold_engine_init_s']} s -> restored "
+        f"{summary['restored_engine_init_s']} s"
+    )
     print(f"  recompiled files:      {summary['recompiled_files']}   verdict: {summary['verdict']}")
     phases = summary["restored_phases"]
     if phases:
         top = sorted(((s, n) for n, s in phases.items() if n not in ("workload", "exit")), reverse=True)[:4]
         print("  restored start:        " + ", ".join(f"{n} {s:.1f} s" for s, n in top))
         removable = {n: s for n, s in phases.items() if warmup.PHASE_NOTES.get(n, "").startswith("yes")}
-        print("  a cache could remove:  " + (", ".join(f"{n} {s:.1f} s ({warmup.PHASE_NOTES[n][5:]})"
-                                                   for n, s in removable.items()) or "nothing more"))
+        print(
+            "  a cache could remove:  "
+            + (
+                ", ".join(f"{n} {s:.1f} s ({warmup.PHASE_NOTES[n][5:]})" for n, s in removable.items())
+                or "nothing more"
+            )
+        )
     print(f"  full report:           {work / 'report.json'}")
     return 0 if checked.verdict == "hit" and got.status == "hit" else 1
 

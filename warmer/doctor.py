@@ -23,9 +23,9 @@ import getpass
 import importlib.util
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from warmer import compat, components, fingerprint, restore
 from warmer.envfile import EnvFile
@@ -35,9 +35,11 @@ from warmer.mounts import classify, mount_of, parse_mountinfo, under
 from warmer.recipe import Recipe
 
 ERROR, WARNING, INFO = "error", "warning", "info"
-FIX_VOLUME = ("point {var} into a volume (a hostPath shared by the node's pods, or a persistent volume): "
-              "`warmer fetch --env-file` in an init container fills one root there and writes the env "
-              "that puts every cache under it (manifests/k8s/)")
+FIX_VOLUME = (
+    "point {var} into a volume (a hostPath shared by the node's pods, or a persistent volume): "
+    "`warmer fetch --env-file` in an init container fills one root there and writes the env "
+    "that puts every cache under it (manifests/k8s/)"
+)
 # Caches whose loss costs the compile time itself; the others cost seconds.
 PRIMARY = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
 # vLLM hashes every known env var into its compile key except an ignore list (vllm envs.py
@@ -56,13 +58,22 @@ HASHED_PER_HOST = {
 }
 # Hashed by older vLLM releases only.
 HASHED_BEFORE = {
-    "VLLM_NIXL_SIDE_CHANNEL_HOST": "vLLM releases before the fix for ai-dynamo/dynamo#10695 hash it "
-                                   "(0.32 ignores it)",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST": "vLLM releases before the fix for ai-dynamo/dynamo#10695 hash it (0.32 ignores it)",
 }
 # vLLM's ignore list, the entries that look per-host: never a finding.
-IGNORED_BY_VLLM = {"VLLM_HOST_IP", "VLLM_PORT", "VLLM_DP_MASTER_IP", "VLLM_DP_MASTER_PORT", "VLLM_CACHE_ROOT",
-                   "VLLM_RPC_BASE_PATH", "VLLM_CONFIG_ROOT", "VLLM_ASSETS_CACHE", "VLLM_XLA_CACHE_PATH",
-                   "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT"}
+IGNORED_BY_VLLM = {
+    "VLLM_HOST_IP",
+    "VLLM_PORT",
+    "VLLM_DP_MASTER_IP",
+    "VLLM_DP_MASTER_PORT",
+    "VLLM_CACHE_ROOT",
+    "VLLM_RPC_BASE_PATH",
+    "VLLM_CONFIG_ROOT",
+    "VLLM_ASSETS_CACHE",
+    "VLLM_XLA_CACHE_PATH",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT",
+}
 
 
 @dataclass(frozen=True)
@@ -92,8 +103,13 @@ class Diagnosis:
         return self.counts[ERROR] == 0
 
     def to_json(self) -> dict:
-        return {"root": self.root, "locations": list(self.locations), "findings": [f.to_json() for f in self.findings],
-                "counts": self.counts, "ok": self.ok}
+        return {
+            "root": self.root,
+            "locations": list(self.locations),
+            "findings": [f.to_json() for f in self.findings],
+            "counts": self.counts,
+            "ok": self.ok,
+        }
 
 
 def cache_paths(env: dict[str, str], user: str) -> list[tuple[str, str, bool]]:
@@ -126,41 +142,96 @@ def _locations(env, mounts, resolve, user, root: Path | None, marker) -> tuple[l
         m = mount_of(real, mounts)
         kind, meaning = classify(m)
         in_root = bool(root and marker and under(real, str(root)))
-        rows.append({"var": var, "path": path, "default": default, "mount_point": m.mount_point if m else None,
-                     "fstype": m.fstype if m else None, "kind": kind, "read_only": bool(m and m.read_only),
-                     "in_active_root": in_root})
+        rows.append(
+            {
+                "var": var,
+                "path": path,
+                "default": default,
+                "mount_point": m.mount_point if m else None,
+                "fstype": m.fstype if m else None,
+                "kind": kind,
+                "read_only": bool(m and m.read_only),
+                "in_active_root": in_root,
+            }
+        )
         where = f"{var}={path}" + (" (unset: its default)" if default else "")
         severity = ERROR if var in PRIMARY else WARNING
         if m and m.read_only:
-            findings.append(Finding(severity, "cache-location", var, f"{where} is on a read-only mount "
-                                    f"({m.mount_point}): vLLM cannot write what it compiles there",
-                                    f"point {var} at a writable volume (warmer's env puts it under the root)"))
+            findings.append(
+                Finding(
+                    severity,
+                    "cache-location",
+                    var,
+                    f"{where} is on a read-only mount ({m.mount_point}): vLLM cannot write what it compiles there",
+                    f"point {var} at a writable volume (warmer's env puts it under the root)",
+                )
+            )
         elif kind == "container-root" or kind == "overlay":
             if in_root:
-                findings.append(Finding(INFO, "cache-location", var, f"{where} is inside the image (overlay), "
-                                        "in the active artifact's root: baked in, restored with every pod",
-                                        "none needed; what vLLM compiles on top is lost with the pod"))
+                findings.append(
+                    Finding(
+                        INFO,
+                        "cache-location",
+                        var,
+                        f"{where} is inside the image (overlay), "
+                        "in the active artifact's root: baked in, restored with every pod",
+                        "none needed; what vLLM compiles on top is lost with the pod",
+                    )
+                )
             else:
-                findings.append(Finding(severity, "cache-location", var, f"{where} is on {meaning}, so vLLM "
-                                        "compiles from cold on every new pod", FIX_VOLUME.format(var=var)))
+                findings.append(
+                    Finding(
+                        severity,
+                        "cache-location",
+                        var,
+                        f"{where} is on {meaning}, so vLLM compiles from cold on every new pod",
+                        FIX_VOLUME.format(var=var),
+                    )
+                )
         elif kind == "tmpfs":
-            findings.append(Finding(WARNING, "cache-location", var, f"{where} is on {meaning}",
-                                    f"use a disk-backed emptyDir or a hostPath for {var}, or raise the "
-                                    "memory limit by the cache's size"))
+            findings.append(
+                Finding(
+                    WARNING,
+                    "cache-location",
+                    var,
+                    f"{where} is on {meaning}",
+                    f"use a disk-backed emptyDir or a hostPath for {var}, or raise the "
+                    "memory limit by the cache's size",
+                )
+            )
         elif kind == "emptydir":
             if in_root:
-                findings.append(Finding(INFO, "cache-location", var, f"{where} is on {meaning}; the init "
-                                        "container fills it at each pod start",
-                                        "a hostPath shared by the node's pods makes later fetches no-ops"))
+                findings.append(
+                    Finding(
+                        INFO,
+                        "cache-location",
+                        var,
+                        f"{where} is on {meaning}; the init container fills it at each pod start",
+                        "a hostPath shared by the node's pods makes later fetches no-ops",
+                    )
+                )
             else:
-                findings.append(Finding(WARNING, "cache-location", var, f"{where} is on {meaning}, and no "
-                                        "warmer artifact is active there: each new pod compiles from cold",
-                                        "fill it with `warmer fetch` in an init container "
-                                        "(manifests/k8s/), or use a hostPath"))
+                findings.append(
+                    Finding(
+                        WARNING,
+                        "cache-location",
+                        var,
+                        f"{where} is on {meaning}, and no "
+                        "warmer artifact is active there: each new pod compiles from cold",
+                        "fill it with `warmer fetch` in an init container (manifests/k8s/), or use a hostPath",
+                    )
+                )
         elif kind == "network":
-            findings.append(Finding(WARNING, "cache-location", var, f"{where} is on {meaning}",
-                                    "keep caches on node-local disk (a hostPath) and fill it with "
-                                    "`warmer fetch`; share artifacts through the store, not the filesystem"))
+            findings.append(
+                Finding(
+                    WARNING,
+                    "cache-location",
+                    var,
+                    f"{where} is on {meaning}",
+                    "keep caches on node-local disk (a hostPath) and fill it with "
+                    "`warmer fetch`; share artifacts through the store, not the filesystem",
+                )
+            )
     return rows, findings
 
 
@@ -180,15 +251,25 @@ def _flashinfer(env, mounts, resolve, can_write, installed: bool) -> list[Findin
     home = env.get("HOME") or os.path.expanduser("~")
     xdg = env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
     workspace = os.path.join(env.get("FLASHINFER_WORKSPACE_BASE") or home, components.flashinfer.CACHE)
-    dirs = [("FLASHINFER_WORKSPACE_BASE", workspace, ERROR if installed else WARNING,
-             "FlashInfer writes flashinfer_jit.log there at import and takes its JIT locks in cached_ops/tmp: "
-             "its import fails")]
+    dirs = [
+        (
+            "FLASHINFER_WORKSPACE_BASE",
+            workspace,
+            ERROR if installed else WARNING,
+            "FlashInfer writes flashinfer_jit.log there at import and takes its JIT locks in cached_ops/tmp: "
+            "its import fails",
+        )
+    ]
     for var, default, why in (
-            ("FLASHINFER_CUBIN_DIR", None, "kernel cubins are downloaded there on first use"),
-            ("FLASHINFER_AUTOTUNE_CACHE_DIR", None, "autotune results are saved there"),
-            ("B12X_COMPILE_CACHE_DIR", os.path.join(xdg, "b12x", "compile"), "the b12x MoE kernels compile there"),
-            ("FLASHINFER_MOE_EP_KNOB_CACHE", os.path.join(home, ".cache", "flashinfer"),
-             "the MoE-EP knob cache is written there (it ignores FLASHINFER_WORKSPACE_BASE)")):
+        ("FLASHINFER_CUBIN_DIR", None, "kernel cubins are downloaded there on first use"),
+        ("FLASHINFER_AUTOTUNE_CACHE_DIR", None, "autotune results are saved there"),
+        ("B12X_COMPILE_CACHE_DIR", os.path.join(xdg, "b12x", "compile"), "the b12x MoE kernels compile there"),
+        (
+            "FLASHINFER_MOE_EP_KNOB_CACHE",
+            os.path.join(home, ".cache", "flashinfer"),
+            "the MoE-EP knob cache is written there (it ignores FLASHINFER_WORKSPACE_BASE)",
+        ),
+    ):
         path = env.get(var) or default
         if var == "FLASHINFER_MOE_EP_KNOB_CACHE" and env.get(var):
             if env[var].lower() in ("0", "off"):
@@ -200,8 +281,15 @@ def _flashinfer(env, mounts, resolve, can_write, installed: bool) -> list[Findin
     for var, path, severity, why in dirs:
         ok, reason = _writable(path, mounts, resolve, can_write)
         if ok is False:
-            out.append(Finding(severity, "flashinfer-writable", var, f"{path} is not writable ({reason}): {why}",
-                               f"set {var} to a writable directory (warmer's env puts it under the root)"))
+            out.append(
+                Finding(
+                    severity,
+                    "flashinfer-writable",
+                    var,
+                    f"{path} is not writable ({reason}): {why}",
+                    f"set {var} to a writable directory (warmer's env puts it under the root)",
+                )
+            )
     return out
 
 
@@ -222,83 +310,182 @@ def _per_pod_env(env: dict[str, str], hostnames: set[str]) -> list[Finding]:
         pod = per_pod(value)
         if name in HASHED_PER_HOST:
             if pod:
-                out.append(Finding(ERROR, "per-pod-env", name, f"{name}={pod}; vLLM hashes {name} into its "
-                                   "compile key, so every pod gets its own key and never hits the cache",
-                                   f"unset {name}, or give it the same value on every pod and at build time "
-                                   "(the recipe's [env])"))
+                out.append(
+                    Finding(
+                        ERROR,
+                        "per-pod-env",
+                        name,
+                        f"{name}={pod}; vLLM hashes {name} into its "
+                        "compile key, so every pod gets its own key and never hits the cache",
+                        f"unset {name}, or give it the same value on every pod and at build time (the recipe's [env])",
+                    )
+                )
             else:
-                out.append(Finding(WARNING, "per-pod-env", name, f"{name} is set and vLLM hashes it into its "
-                                   f"compile key: {HASHED_PER_HOST[name]}",
-                                   f"build with the same {name} (the recipe's [env]), or unset it"))
+                out.append(
+                    Finding(
+                        WARNING,
+                        "per-pod-env",
+                        name,
+                        f"{name} is set and vLLM hashes it into its compile key: {HASHED_PER_HOST[name]}",
+                        f"build with the same {name} (the recipe's [env]), or unset it",
+                    )
+                )
         elif name in HASHED_BEFORE and pod:
-            out.append(Finding(WARNING, "per-pod-env", name, f"{name}={pod}: {HASHED_BEFORE[name]}",
-                               "with an older vLLM, set it to a stable value (or unset it) and use "
-                               "VLLM_HOST_IP, which vLLM does not hash"))
+            out.append(
+                Finding(
+                    WARNING,
+                    "per-pod-env",
+                    name,
+                    f"{name}={pod}: {HASHED_BEFORE[name]}",
+                    "with an older vLLM, set it to a stable value (or unset it) and use "
+                    "VLLM_HOST_IP, which vLLM does not hash",
+                )
+            )
         elif name.startswith("VLLM_") and pod:
-            out.append(Finding(WARNING, "per-pod-env", name, f"{name}={pod}; vLLM hashes every VLLM_* "
-                               "variable outside its ignore list into its compile key",
-                               f"check that your vLLM ignores {name} (vllm/envs.py compile_factors), "
-                               "or give it the same value on every pod"))
+            out.append(
+                Finding(
+                    WARNING,
+                    "per-pod-env",
+                    name,
+                    f"{name}={pod}; vLLM hashes every VLLM_* variable outside its ignore list into its compile key",
+                    f"check that your vLLM ignores {name} (vllm/envs.py compile_factors), "
+                    "or give it the same value on every pod",
+                )
+            )
     return out
 
 
-def _artifact(env, root: Path, marker: restore.Marker | None, recipe: Recipe | None,
-              node: Callable[[], Fingerprint] | None, exists: Callable[[str], bool] | None) -> list[Finding]:
+def _artifact(
+    env,
+    root: Path,
+    marker: restore.Marker | None,
+    recipe: Recipe | None,
+    node: Callable[[], Fingerprint] | None,
+    exists: Callable[[str], bool] | None,
+) -> list[Finding]:
     if root.is_symlink():
-        return [Finding(ERROR, "artifact", str(root), f"the root {root} is a symlink",
-                        f"use the real path {os.path.realpath(root)}: FlashInfer's ninja rebuilds what it "
-                        "reaches through a link")]
+        return [
+            Finding(
+                ERROR,
+                "artifact",
+                str(root),
+                f"the root {root} is a symlink",
+                f"use the real path {os.path.realpath(root)}: FlashInfer's ninja rebuilds what it "
+                "reaches through a link",
+            )
+        ]
     if not marker:
-        return [Finding(WARNING, "artifact", str(root), f"no warmer artifact is active in {root}: vLLM "
-                        "compiles from cold (the fetch missed, or never ran)",
-                        "see the init container's log (kubectl logs POD -c warmer-fetch) or run "
-                        "`warmer explain RECIPE --store URL` on this node")]
+        return [
+            Finding(
+                WARNING,
+                "artifact",
+                str(root),
+                f"no warmer artifact is active in {root}: vLLM compiles from cold (the fetch missed, or never ran)",
+                "see the init container's log (kubectl logs POD -c warmer-fetch) or run "
+                "`warmer explain RECIPE --store URL` on this node",
+            )
+        ]
     art = marker.artifact
-    out = [Finding(INFO, "artifact", str(root), f"artifact {art.key[:16]} of recipe {art.recipe.name} "
-                   f"is active (restored {marker.restored_at})", "none")]
+    out = [
+        Finding(
+            INFO,
+            "artifact",
+            str(root),
+            f"artifact {art.key[:16]} of recipe {art.recipe.name} is active (restored {marker.restored_at})",
+            "none",
+        )
+    ]
     # Is it in use: the env vLLM starts with must point every cache into the root.
     for var, want in components.cache_env(root).items():
         have = env.get(var)
         if have != want:
-            out.append(Finding(ERROR, "artifact", var, f"{var} is {have!r}, not {want}: vLLM will not use "
-                               "the restored cache", "start vLLM with the env file `warmer fetch --env-file` "
-                               "wrote, or with `warmer serve`"))
+            out.append(
+                Finding(
+                    ERROR,
+                    "artifact",
+                    var,
+                    f"{var} is {have!r}, not {want}: vLLM will not use the restored cache",
+                    "start vLLM with the env file `warmer fetch --env-file` wrote, or with `warmer serve`",
+                )
+            )
     built_env = art.recipe.identity.get("env") or {}
     for var, want in sorted(built_env.items()):
         if env.get(var) != want and var not in compat.volatile_env(built_env):
-            out.append(Finding(ERROR, "artifact", var, f"{var} is {env.get(var)!r} here and was {want!r} at "
-                               "build time: vLLM hashes its env, so the cache will miss",
-                               f"start vLLM with the env file warmer wrote (it sets {var})"))
+            out.append(
+                Finding(
+                    ERROR,
+                    "artifact",
+                    var,
+                    f"{var} is {env.get(var)!r} here and was {want!r} at "
+                    "build time: vLLM hashes its env, so the cache will miss",
+                    f"start vLLM with the env file warmer wrote (it sets {var})",
+                )
+            )
     for var, want in sorted(art.serve_env.items()):
         if env.get(var) != want:
-            out.append(Finding(ERROR, "artifact", var, f"{var} is {env.get(var)!r} here; the build served with "
-                               f"{var}={want} (it added it: see `warmer inspect`), so vLLM will compile from cold",
-                               "start vLLM with the env file warmer wrote, or with `warmer serve`"))
+            out.append(
+                Finding(
+                    ERROR,
+                    "artifact",
+                    var,
+                    f"{var} is {env.get(var)!r} here; the build served with "
+                    f"{var}={want} (it added it: see `warmer inspect`), so vLLM will compile from cold",
+                    "start vLLM with the env file warmer wrote, or with `warmer serve`",
+                )
+            )
     if art.vllm:  # what vLLM itself hashed at build, against the env it will start with here
         for d in art.vllm.differences(env):
             if d.name in built_env or d.name in art.serve_env:
                 continue  # said above
-            out.append(Finding(ERROR if d.recompiles else INFO, "vllm-key", d.name, d.line(),
-                               f"start vLLM with {d.name} as at build ({'unset' if d.built is None else repr(d.built)}),"
-                               " or add it to the recipe's [env] and rebuild" if d.recompiles else "none"))
+            out.append(
+                Finding(
+                    ERROR if d.recompiles else INFO,
+                    "vllm-key",
+                    d.name,
+                    d.line(),
+                    f"start vLLM with {d.name} as at build ({'unset' if d.built is None else repr(d.built)}),"
+                    " or add it to the recipe's [env] and rebuild"
+                    if d.recompiles
+                    else "none",
+                )
+            )
     served = recipe or Recipe.from_artifact(art)
     fixed = [n for n, c in art.components.items() if not c.relocatable]
     for w in art.path_contract.warnings(root, served.model, fixed, env):
-        out.append(Finding(WARNING, "path-contract", str(root), w,
-                           f"serve from the build's paths ({art.path_contract.root}, model "
-                           f"{art.path_contract.model}), or build an artifact at these paths"))
+        out.append(
+            Finding(
+                WARNING,
+                "path-contract",
+                str(root),
+                w,
+                f"serve from the build's paths ({art.path_contract.root}, model "
+                f"{art.path_contract.model}), or build an artifact at these paths",
+            )
+        )
     model = art.path_contract.model
     if recipe is None and exists and model.startswith("/") and not exists(model):
-        out.append(Finding(WARNING, "path-contract", model, f"the artifact was built for the model at {model}, "
-                           "which does not exist here: vLLM keys its compile cache on that path",
-                           f"serve the model from {model}"))
+        out.append(
+            Finding(
+                WARNING,
+                "path-contract",
+                model,
+                f"the artifact was built for the model at {model}, "
+                "which does not exist here: vLLM keys its compile cache on that path",
+                f"serve the model from {model}",
+            )
+        )
     if node:
         bad = [d for d in compat.decisions(art.fingerprint, node(), art.recipe.identity) if not d.ok]
         if bad:
-            out.append(Finding(ERROR, "fit", str(root), "the active artifact does not fit this node: "
-                               + "; ".join(d.line() for d in bad),
-                               "replace it with `warmer fetch` (it restores only what fits), or build one "
-                               "on this GPU type"))
+            out.append(
+                Finding(
+                    ERROR,
+                    "fit",
+                    str(root),
+                    "the active artifact does not fit this node: " + "; ".join(d.line() for d in bad),
+                    "replace it with `warmer fetch` (it restores only what fits), or build one on this GPU type",
+                )
+            )
     return out
 
 
@@ -309,18 +496,35 @@ def _ownership(root: Path, owner: tuple[int, int] | None) -> list[Finding]:
     if problem is None:
         return []
     uid, gid = owner or (os.geteuid(), os.getegid())
-    return [Finding(ERROR, "ownership", str(root), f"{problem}: uid {uid}, which vLLM runs as, cannot write it; torch "
-                    "and vLLM write lock and temporary files into the root even on a full hit, so vLLM exits with "
-                    "PermissionError (`warmer serve` starts it cold elsewhere instead)",
-                    f"as root: `chown -R {uid}:{gid} {root}`, or fetch as root with `warmer fetch --owner {uid}:{gid}`"
-                    f", or run the fetch as uid {uid} on a directory it owns")]
+    return [
+        Finding(
+            ERROR,
+            "ownership",
+            str(root),
+            f"{problem}: uid {uid}, which vLLM runs as, cannot write it; torch "
+            "and vLLM write lock and temporary files into the root even on a full hit, so vLLM exits with "
+            "PermissionError (`warmer serve` starts it cold elsewhere instead)",
+            f"as root: `chown -R {uid}:{gid} {root}`, or fetch as root with `warmer fetch --owner {uid}:{gid}`"
+            f", or run the fetch as uid {uid} on a directory it owns",
+        )
+    ]
 
 
-def diagnose(env: dict[str, str], mountinfo: str, *, root: Path | None = None, recipe: Recipe | None = None,
-             resolve: Callable[[str], str] = os.path.normpath, can_write: Callable[[str], bool] | None = None,
-             exists: Callable[[str], bool] | None = None, node: Callable[[], Fingerprint] | None = None,
-             user: str = "root", hostnames: set[str] = frozenset(), flashinfer_installed: bool = True,
-             owner: tuple[int, int] | None = None) -> Diagnosis:
+def diagnose(
+    env: dict[str, str],
+    mountinfo: str,
+    *,
+    root: Path | None = None,
+    recipe: Recipe | None = None,
+    resolve: Callable[[str], str] = os.path.normpath,
+    can_write: Callable[[str], bool] | None = None,
+    exists: Callable[[str], bool] | None = None,
+    node: Callable[[], Fingerprint] | None = None,
+    user: str = "root",
+    hostnames: set[str] = frozenset(),
+    flashinfer_installed: bool = True,
+    owner: tuple[int, int] | None = None,
+) -> Diagnosis:
     """Every check on the given inputs. resolve maps a path to the one mountinfo shows (realpath
     on this machine, normpath for a sample); can_write and exists probe this machine (None: only
     mountinfo's read-only flags count); node returns this node's fingerprint; owner: the (uid,
@@ -351,13 +555,20 @@ def read_process_env(pid: int) -> dict[str, str]:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError as e:
-        raise UsageError(f"cannot read the env of process {pid} ({e.strerror}): run doctor as its user, or pass "
-                         "--env-file") from None
+        raise UsageError(
+            f"cannot read the env of process {pid} ({e.strerror}): run doctor as its user, or pass --env-file"
+        ) from None
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
-def diagnose_here(*, root: str | None = None, recipe: Recipe | None = None, env_file: str | None = None,
-                  pid: int | None = None, mountinfo_file: str | None = None) -> Diagnosis:
+def diagnose_here(
+    *,
+    root: str | None = None,
+    recipe: Recipe | None = None,
+    env_file: str | None = None,
+    pid: int | None = None,
+    mountinfo_file: str | None = None,
+) -> Diagnosis:
     """diagnose() on this machine: the env of this process (or of pid), plus env_file on top (what
     vLLM starts with), and /proc/self/mountinfo unless a saved one is given."""
     env = read_process_env(pid) if pid is not None else dict(os.environ)
@@ -372,25 +583,34 @@ def diagnose_here(*, root: str | None = None, recipe: Recipe | None = None, env_
     try:
         text = Path(mountinfo_file or "/proc/self/mountinfo").read_text(errors="replace")
     except OSError as e:
-        raise UsageError(f"cannot read the mount table {mountinfo_file or '/proc/self/mountinfo'}: {e.strerror}") from None
+        raise UsageError(
+            f"cannot read the mount table {mountinfo_file or '/proc/self/mountinfo'}: {e.strerror}"
+        ) from None
     model = recipe.model if recipe else None
-    return diagnose(env, text, root=Path(root) if root else None, recipe=recipe,
-                    # A saved mountinfo comes from elsewhere: this machine's symlinks and
-                    # permissions say nothing about it.
-                    resolve=os.path.normpath if sample else os.path.realpath,
-                    can_write=None if sample else _can_write, exists=None if sample else os.path.exists,
-                    node=None if sample else (lambda: fingerprint.probe(root=root, model=model)),
-                    user=env.get("USER") or env.get("LOGNAME") or getpass.getuser(),
-                    hostnames={socket.gethostname()} if not sample else set(),
-                    flashinfer_installed=sample or importlib.util.find_spec("flashinfer") is not None,
-                    owner=owner)
+    return diagnose(
+        env,
+        text,
+        root=Path(root) if root else None,
+        recipe=recipe,
+        # A saved mountinfo comes from elsewhere: this machine's symlinks and
+        # permissions say nothing about it.
+        resolve=os.path.normpath if sample else os.path.realpath,
+        can_write=None if sample else _can_write,
+        exists=None if sample else os.path.exists,
+        node=None if sample else (lambda: fingerprint.probe(root=root, model=model)),
+        user=env.get("USER") or env.get("LOGNAME") or getpass.getuser(),
+        hostnames={socket.gethostname()} if not sample else set(),
+        flashinfer_installed=sample or importlib.util.find_spec("flashinfer") is not None,
+        owner=owner,
+    )
 
 
 def _process_ids(pid: int) -> tuple[int, int] | None:
     """The effective (uid, gid) of process pid, from /proc/PID/status."""
     try:
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                      if ":" in line)
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+        )
         return int(fields["Uid"].split()[1]), int(fields["Gid"].split()[1])
     except (OSError, KeyError, ValueError, IndexError):
         return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from warmer import artifact, signing
 from warmer.artifact import Artifact, ArtifactError
@@ -46,25 +46,31 @@ class IndexEntry:
     blob: BlobRef
     artifact: Artifact
     signature: signing.Signature | None
-    published_at: datetime      # timezone-aware
+    published_at: datetime  # timezone-aware
     signed_by: str | None = None  # the trusted key that verified it, when read() was given keys
 
     @classmethod
-    def new(cls, artifact: Artifact, blob: BlobRef, signature: signing.Signature | None) -> "IndexEntry":
-        return cls(artifact.recipe.name, artifact.key, blob, artifact, signature,
-                   datetime.now(timezone.utc).replace(microsecond=0))
+    def new(cls, artifact: Artifact, blob: BlobRef, signature: signing.Signature | None) -> IndexEntry:
+        return cls(
+            artifact.recipe.name, artifact.key, blob, artifact, signature, datetime.now(UTC).replace(microsecond=0)
+        )
 
     def to_bytes(self) -> bytes:
-        doc = {"schema": SCHEMA_VERSION, "recipe": self.recipe, "key": self.key,
-               "blob": {"sha256": self.blob.sha256, "size": self.blob.size}, "artifact": None,
-               "signature": self.signature.to_json() if self.signature else None,
-               "published_at": self.published_at.isoformat(timespec="seconds")}
+        doc = {
+            "schema": SCHEMA_VERSION,
+            "recipe": self.recipe,
+            "key": self.key,
+            "blob": {"sha256": self.blob.sha256, "size": self.blob.size},
+            "artifact": None,
+            "signature": self.signature.to_json() if self.signature else None,
+            "published_at": self.published_at.isoformat(timespec="seconds"),
+        }
         # artifact.json goes in as its canonical bytes, so that read() finds its files list as written
         head, tail = json.dumps(doc, separators=(",", ":")).encode().split(b'"artifact":null', 1)
         return b"".join((head, b'"artifact":', self.artifact.canonical.rstrip(b"\n"), tail))
 
     @classmethod
-    def read(cls, data: bytes, recipe: str, key: str, trusted_keys=()) -> "IndexEntry":
+    def read(cls, data: bytes, recipe: str, key: str, trusted_keys=()) -> IndexEntry:
         """The entry found at index/RECIPE/KEY; EntryError (or signing.SignatureError) if it is not one.
 
         With trusted_keys, the signature is checked over artifact.json's bytes first."""
@@ -73,27 +79,41 @@ class IndexEntry:
         f = Fields(doc, where)
         schema = f.int("schema") if f.has("schema") else None
         if schema != SCHEMA_VERSION:
-            raise EntrySchemaError(f"{where} has schema {schema}, this warmer reads {SCHEMA_VERSION}: it was published by "
-                             "another warmer version; fetch with that version or rebuild with this one")
+            raise EntrySchemaError(
+                f"{where} has schema {schema}, this warmer reads {SCHEMA_VERSION}: it was published by "
+                "another warmer version; fetch with that version or rebuild with this one"
+            )
         art_doc = f.obj("artifact").doc
         signature = signing.Signature.from_json(f.raw("signature"), f"{where}.signature")
-        signed_by = (signing.verify(artifact.canonical_of(art_doc, files), signature, list(trusted_keys))
-                     if trusted_keys else None)
+        signed_by = (
+            signing.verify(artifact.canonical_of(art_doc, files), signature, list(trusted_keys))
+            if trusted_keys
+            else None
+        )
         try:
             art = Artifact.from_json(art_doc, files, f"{where}.artifact")
         except ArtifactError as e:
             raise EntryError(str(e)) from None
         found = (f.str("recipe", max_len=100), f.str("key", max_len=64), art.recipe.name, art.key)
         if found != (recipe, key, recipe, key):
-            raise EntryError(f"{where} holds the artifact of recipe {art.recipe.name} key {art.key[:16]}, not "
-                             f"{recipe} {key[:16]}: an entry copied into another slot; refused (remove it with "
-                             "`warmer rm`)")
+            raise EntryError(
+                f"{where} holds the artifact of recipe {art.recipe.name} key {art.key[:16]}, not "
+                f"{recipe} {key[:16]}: an entry copied into another slot; refused (remove it with "
+                "`warmer rm`)"
+            )
         b = f.obj("blob")
         sha = b.str("sha256", max_len=64)
         if not HEX64.match(sha):
             raise EntryError(f"{where}.blob.sha256 must be 64 lower-case hex digits")
-        return cls(recipe, key, BlobRef(sha, b.int("size", low=0)), art, signature,
-                   _timestamp(f.str("published_at", max_len=64), f"{where}.published_at"), signed_by)
+        return cls(
+            recipe,
+            key,
+            BlobRef(sha, b.int("size", low=0)),
+            art,
+            signature,
+            _timestamp(f.str("published_at", max_len=64), f"{where}.published_at"),
+            signed_by,
+        )
 
 
 def _timestamp(text: str, where: str) -> datetime:
@@ -101,4 +121,4 @@ def _timestamp(text: str, where: str) -> datetime:
         when = datetime.fromisoformat(text)
     except ValueError:
         raise EntryError(f"{where} is not an ISO 8601 time: {text[:40]!r}") from None
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
 
 from warmer.errors import UsageError
 from warmer.untrusted import InvalidDocument
@@ -32,8 +32,10 @@ class EnvFileError(InvalidDocument):
 
 def check_name(name: str, where: str = "env") -> str:
     if not NAME.match(name):
-        raise EnvFileError(f"{where}: {name!r} is not a valid variable name (letters, digits and '_', not "
-                           "starting with a digit); it would become a shell command where the file is sourced")
+        raise EnvFileError(
+            f"{where}: {name!r} is not a valid variable name (letters, digits and '_', not "
+            "starting with a digit); it would become a shell command where the file is sourced"
+        )
     return name
 
 
@@ -46,10 +48,11 @@ def check_value(name: str, value: str, where: str = "env") -> str:
 @dataclass(frozen=True)
 class EnvFile:
     """Variables in order; every name and value already checked."""
+
     vars: dict[str, str] = field(default_factory=dict, hash=False)
 
     @classmethod
-    def of(cls, env: Mapping[str, str], where: str = "env") -> "EnvFile":
+    def of(cls, env: Mapping[str, str], where: str = "env") -> EnvFile:
         return cls({check_name(k, where): check_value(k, v, where) for k, v in env.items()})
 
     def __iter__(self) -> Iterator[str]:
@@ -70,7 +73,7 @@ class EnvFile:
     def __len__(self) -> int:
         return len(self.vars)
 
-    def merged(self, other: Mapping[str, str]) -> "EnvFile":
+    def merged(self, other: Mapping[str, str]) -> EnvFile:
         return EnvFile.of({**self.vars, **dict(other)})
 
     def render(self, fmt: str) -> str:
@@ -83,14 +86,16 @@ class EnvFile:
             elif PLAIN.match(v):
                 lines.append(f"{k}={v}")
             elif "'" in v or "\n" in v:
-                raise EnvFileError(f"env {k} holds a quote or a newline, which a dotenv file cannot carry safely: "
-                                   "use --env-format shell")
+                raise EnvFileError(
+                    f"env {k} holds a quote or a newline, which a dotenv file cannot carry safely: "
+                    "use --env-format shell"
+                )
             else:
                 lines.append(f"{k}='{v}'")
         return "\n".join(lines) + "\n"
 
     @classmethod
-    def parse(cls, text: str, where: str = "env file") -> "EnvFile":
+    def parse(cls, text: str, where: str = "env file") -> EnvFile:
         """Either format, as written above; comments and blank lines are skipped."""
         if len(text) > MAX_BYTES:
             raise EnvFileError(f"{where} is over {MAX_BYTES} bytes: not an env file warmer wrote")
@@ -100,7 +105,7 @@ class EnvFile:
             if not line or line.startswith("#"):
                 continue
             if line.startswith("export "):
-                body = line[len("export "):]
+                body = line[len("export ") :]
             else:  # dotenv: a quoted value as sh reads it, an unquoted one literally (as docker does)
                 k, eq, v = line.partition("=")
                 body = line if v[:1] in ("'", '"') else None
@@ -112,8 +117,10 @@ class EnvFile:
             try:
                 tokens = shlex.split(body, posix=True)
             except ValueError as e:
-                raise EnvFileError(f"{where}:{n}: {e} (an unterminated quote?): fix or regenerate the file with "
-                                   "`warmer fetch --env-file`") from None
+                raise EnvFileError(
+                    f"{where}:{n}: {e} (an unterminated quote?): fix or regenerate the file with "
+                    "`warmer fetch --env-file`"
+                ) from None
             for token in tokens:
                 k, eq, v = token.partition("=")
                 if not eq:

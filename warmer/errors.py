@@ -14,14 +14,14 @@ from __future__ import annotations
 
 # Exit codes, one table for the CLI, its --help and the README.
 EXIT_OK = 0
-EXIT_ERROR = 1          # a WarmerError other than a usage error, or an OS error
-EXIT_USAGE = 2          # bad arguments, recipe or key file (argparse uses 2 as well)
-EXIT_MISS = 3           # fetch --require found no artifact that fits (or could not restore it)
-EXIT_NOT_HIT = 4        # verify: the restored start recompiled something
-EXIT_FINDINGS = 5       # doctor found an error
+EXIT_ERROR = 1  # a WarmerError other than a usage error, or an OS error
+EXIT_USAGE = 2  # bad arguments, recipe or key file (argparse uses 2 as well)
+EXIT_MISS = 3  # fetch --require found no artifact that fits (or could not restore it)
+EXIT_NOT_HIT = 4  # verify: the restored start recompiled something
+EXIT_FINDINGS = 5  # doctor found an error
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
-EXIT_TERMINATED = 143   # SIGTERM: children (the vLLM engine) were stopped first
-EXIT_PIPE = 141         # stdout's reader went away: ended by SIGPIPE (128 + 13), as coreutils are
+EXIT_TERMINATED = 143  # SIGTERM: children (the vLLM engine) were stopped first
+EXIT_PIPE = 141  # stdout's reader went away: ended by SIGPIPE (128 + 13), as coreutils are
 
 EXIT_CODES = (
     (EXIT_OK, "success; for fetch also a miss without --require (a slow start, never a failed pod)"),

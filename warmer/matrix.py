@@ -53,8 +53,10 @@ def load_skus(path: str | Path) -> dict[str, Sku]:
     try:
         doc = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise MatrixError(f"no SKU catalogue at {path}: copy manifests/skus.toml from warmer "
-                          "next to your recipes, or pass --skus FILE") from None
+        raise MatrixError(
+            f"no SKU catalogue at {path}: copy manifests/skus.toml from warmer "
+            "next to your recipes, or pass --skus FILE"
+        ) from None
     except tomllib.TOMLDecodeError as e:
         raise MatrixError(f"{path}: not valid TOML: {e}") from e
     defaults = doc.get("defaults", {})
@@ -66,22 +68,34 @@ def load_skus(path: str | Path) -> dict[str, Sku]:
         if not isinstance(t, dict):
             raise MatrixError(f"{where} must be a table")
         if not _strings(t.get("runs_on")):
-            raise MatrixError(f"{where}: runs_on must be a non-empty list of runner labels, "
-                              'e.g. ["self-hosted", "gpu-h200"]')
+            raise MatrixError(
+                f'{where}: runs_on must be a non-empty list of runner labels, e.g. ["self-hosted", "gpu-h200"]'
+            )
         selector = t.get("node_selector")
-        if not isinstance(selector, dict) or not selector or not all(
-                isinstance(k, str) and isinstance(v, str) and v for k, v in selector.items()):
-            raise MatrixError(f"{where}: node_selector must be a table of node labels, "
-                              'e.g. { "nvidia.com/gpu.product" = "NVIDIA-H200" }')
+        if (
+            not isinstance(selector, dict)
+            or not selector
+            or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in selector.items())
+        ):
+            raise MatrixError(
+                f"{where}: node_selector must be a table of node labels, "
+                'e.g. { "nvidia.com/gpu.product" = "NVIDIA-H200" }'
+            )
         image = t.get("image", defaults.get("image"))
         if not isinstance(image, str) or not image:
             raise MatrixError(f"{where}: no image: set image there or in [defaults]")
         gpu_name = t.get("gpu_name")
         if gpu_name is not None and not isinstance(gpu_name, str):
-            raise MatrixError(f"{where}: gpu_name must be the name nvidia-smi reports, e.g. \"NVIDIA H200\"")
-        skus[name] = Sku(name=name, runs_on=list(t["runs_on"]), node_selector=dict(selector), image=image,
-                         gpu_name=gpu_name, compute_capability=t.get("compute_capability"),
-                         uncertain=bool(t.get("uncertain", False)))
+            raise MatrixError(f'{where}: gpu_name must be the name nvidia-smi reports, e.g. "NVIDIA H200"')
+        skus[name] = Sku(
+            name=name,
+            runs_on=list(t["runs_on"]),
+            node_selector=dict(selector),
+            image=image,
+            gpu_name=gpu_name,
+            compute_capability=t.get("compute_capability"),
+            uncertain=bool(t.get("uncertain", False)),
+        )
     if not skus:
         raise MatrixError(f"{path} lists no SKUs: add [sku.NAME] tables")
     return skus
@@ -94,8 +108,10 @@ def find_catalogue(paths: list[Path]) -> Path:
         for d in (base, base.parent):
             if (d / CATALOGUE).is_file():
                 return d / CATALOGUE
-    raise MatrixError(f"no {CATALOGUE} found in or above {', '.join(map(str, paths))}: copy "
-                      "manifests/skus.toml from warmer beside your recipes, or pass --skus FILE")
+    raise MatrixError(
+        f"no {CATALOGUE} found in or above {', '.join(map(str, paths))}: copy "
+        "manifests/skus.toml from warmer beside your recipes, or pass --skus FILE"
+    )
 
 
 def recipe_files(paths: list[Path]) -> list[Path]:
@@ -103,8 +119,11 @@ def recipe_files(paths: list[Path]) -> list[Path]:
     out = []
     for p in paths:
         if p.is_dir():
-            found = sorted((p / "models").glob("*.toml")) if (p / "models").is_dir() else \
-                sorted(f for f in p.glob("*.toml") if f.name != CATALOGUE)
+            found = (
+                sorted((p / "models").glob("*.toml"))
+                if (p / "models").is_dir()
+                else sorted(f for f in p.glob("*.toml") if f.name != CATALOGUE)
+            )
             if not found:
                 raise MatrixError(f"{p} holds no recipes (models/*.toml or *.toml)")
             out += found
@@ -115,8 +134,14 @@ def recipe_files(paths: list[Path]) -> list[Path]:
     return out
 
 
-def entries(paths: list[Path], skus: dict[str, Sku], catalogue: Path, *, only: list[str] | None = None,
-            root_base: str = DEFAULT_ROOT_BASE) -> tuple[list[dict], list[str]]:
+def entries(
+    paths: list[Path],
+    skus: dict[str, Sku],
+    catalogue: Path,
+    *,
+    only: list[str] | None = None,
+    root_base: str = DEFAULT_ROOT_BASE,
+) -> tuple[list[dict], list[str]]:
     """One entry per recipe and target SKU; and the recipes skipped because they target none."""
     if only:
         unknown = sorted(set(only) - set(skus))
@@ -135,7 +160,7 @@ def entries(paths: list[Path], skus: dict[str, Sku], catalogue: Path, *, only: l
             raise MatrixError(f"{f} and {seen[name]} are both named {name!r}: recipe names must be unique")
         seen[name] = f
         if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-            raise MatrixError(f"{f}: targets must be a list of SKU names, e.g. [\"h200\"]")
+            raise MatrixError(f'{f}: targets must be a list of SKU names, e.g. ["h200"]')
         if not targets:
             skipped.append(f"{f}: no targets")
             continue
@@ -147,14 +172,26 @@ def entries(paths: list[Path], skus: dict[str, Sku], catalogue: Path, *, only: l
         for t in dict.fromkeys(targets):
             sku = skus.get(t)
             if sku is None:
-                raise MatrixError(f"{f} targets SKU {t!r}, which {catalogue} does not list: add a [sku.{t}] "
-                                  f"table there (gpu_name, runs_on, node_selector) or fix the name "
-                                  f"(known: {', '.join(sorted(skus))})")
+                raise MatrixError(
+                    f"{f} targets SKU {t!r}, which {catalogue} does not list: add a [sku.{t}] "
+                    f"table there (gpu_name, runs_on, node_selector) or fix the name "
+                    f"(known: {', '.join(sorted(skus))})"
+                )
             if only and t not in only:
                 continue
-            out.append({"name": name, "sku": t, "recipe": f.as_posix(), "root": f"{root_base.rstrip('/')}/{name}",
-                        "runs_on": sku.runs_on, "node_selector": sku.node_selector, "image": sku.image,
-                        "gpu_name": sku.gpu_name, "gpus": gpus if sku.gpu_name else 0})
+            out.append(
+                {
+                    "name": name,
+                    "sku": t,
+                    "recipe": f.as_posix(),
+                    "root": f"{root_base.rstrip('/')}/{name}",
+                    "runs_on": sku.runs_on,
+                    "node_selector": sku.node_selector,
+                    "image": sku.image,
+                    "gpu_name": sku.gpu_name,
+                    "gpus": gpus if sku.gpu_name else 0,
+                }
+            )
     return out, skipped
 
 
@@ -162,6 +199,7 @@ def github(matrix: list[dict]) -> dict:
     """GitHub Actions' strategy.matrix: {"include": [...]}. An empty include fails the workflow
     with an unclear message, so say it here."""
     if not matrix:
-        raise MatrixError("no recipe targets a SKU (after filtering): nothing to build; add "
-                          "targets = [\"h200\", ...] to a recipe")
+        raise MatrixError(
+            'no recipe targets a SKU (after filtering): nothing to build; add targets = ["h200", ...] to a recipe'
+        )
     return {"include": matrix}

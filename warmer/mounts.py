@@ -10,14 +10,29 @@ from dataclasses import dataclass
 
 OVERLAY_FS = ("overlay", "overlayfs", "aufs", "fuse.fuse-overlayfs")
 RAM_FS = ("tmpfs", "ramfs")
-NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "9p", "ceph", "glusterfs", "lustre", "fuse.s3fs", "fuse.gcsfuse",
-              "fuse.mountpoint-s3", "fuse.juicefs", "fuse.sshfs", "virtiofs")
+NETWORK_FS = (
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "9p",
+    "ceph",
+    "glusterfs",
+    "lustre",
+    "fuse.s3fs",
+    "fuse.gcsfuse",
+    "fuse.mountpoint-s3",
+    "fuse.juicefs",
+    "fuse.sshfs",
+    "virtiofs",
+)
 DISK_FS = ("ext4", "ext3", "ext2", "xfs", "btrfs", "zfs", "f2fs")
+
 
 @dataclass(frozen=True)
 class Mount:
     mount_point: str
-    root: str           # the path inside its filesystem that is mounted (a bind mount's source)
+    root: str  # the path inside its filesystem that is mounted (a bind mount's source)
     fstype: str
     source: str
     options: tuple[str, ...]
@@ -49,8 +64,15 @@ def parse_mountinfo(text: str) -> list[Mount]:
             continue
         # Per-mount options and the filesystem's own (super) options: "ro" in either means read-only.
         options = set(fields[5].split(",")) | set(fields[sep + 3].split(",") if len(fields) > sep + 3 else ())
-        out.append(Mount(mount_point=unescape(fields[4]), root=unescape(fields[3]), fstype=fields[sep + 1],
-                         source=unescape(fields[sep + 2]), options=tuple(sorted(options))))
+        out.append(
+            Mount(
+                mount_point=unescape(fields[4]),
+                root=unescape(fields[3]),
+                fstype=fields[sep + 1],
+                source=unescape(fields[sep + 2]),
+                options=tuple(sorted(options)),
+            )
+        )
     return out
 
 
@@ -72,8 +94,11 @@ def classify(m: Mount | None) -> tuple[str, str]:
     if m is None:
         return "unknown", "no mount found for it"
     if m.fstype in RAM_FS:  # an emptyDir with medium Memory looks like any tmpfs from inside
-        return "tmpfs", "tmpfs (RAM, e.g. an emptyDir with medium: Memory): wiped with the pod or on " \
-                        "reboot, and every byte counts against the memory limit"
+        return (
+            "tmpfs",
+            "tmpfs (RAM, e.g. an emptyDir with medium: Memory): wiped with the pod or on "
+            "reboot, and every byte counts against the memory limit",
+        )
     if m.fstype in OVERLAY_FS or (m.fstype.startswith("fuse.") and "overlay" in m.fstype):
         if m.mount_point == "/":
             return "container-root", "the container's own overlay root: wiped with every pod"
@@ -81,8 +106,10 @@ def classify(m: Mount | None) -> tuple[str, str]:
     if "kubernetes.io~empty-dir" in m.root:
         return "emptydir", "an emptyDir: survives container restarts, not a new pod"
     if m.fstype in NETWORK_FS or m.fstype.startswith("fuse."):
-        return "network", f"a network filesystem ({m.fstype}): persistent, but JIT locks and ninja mtimes " \
-                          "are unreliable there"
+        return (
+            "network",
+            f"a network filesystem ({m.fstype}): persistent, but JIT locks and ninja mtimes are unreliable there",
+        )
     if re.search(r"kubernetes\.io~(csi|aws-ebs|gce-pd|azure-disk|local-volume)", m.root):
         return "volume", "a persistent volume"
     if m.fstype in DISK_FS or m.source.startswith("/dev/"):

@@ -53,8 +53,7 @@ RESERVED_ENV: dict[str, str] = {
     "PYTHONSTARTUP": "it runs a file at the start of every interactive Python given the env file",
     "PYTHONUSERBASE": "it changes where user site-packages are imported from",
     "PATH": "it changes which programs (nvcc, ninja, the C++ compiler Inductor calls) run",
-    **{var: "warmer points it under the root (--root), at a cache it packs"
-       for var in cache_env(Path("/x"))},
+    **{var: "warmer points it under the root (--root), at a cache it packs" for var in cache_env(Path("/x"))},
     "TMPDIR": "warmer points it under the root (--root): Inductor's precompiled headers live there",
     "VLLM_RPC_BASE_PATH": "warmer sets it (vLLM's IPC sockets, kept short of the 107-byte socket path limit)",
 }
@@ -79,15 +78,19 @@ class Workload:
     timeout_s: int = 1800
 
     def spec(self) -> dict:
-        return {"prompt_lengths": self.prompt_lengths, "batch_sizes": self.batch_sizes,
-                "max_tokens": self.max_tokens, "sampling": self.sampling}
+        return {
+            "prompt_lengths": self.prompt_lengths,
+            "batch_sizes": self.batch_sizes,
+            "max_tokens": self.max_tokens,
+            "sampling": self.sampling,
+        }
 
 
 @dataclass(frozen=True)
 class Recipe:
     name: str
     source: Path
-    model: str                      # what vLLM is given: the served path, or the hub id
+    model: str  # what vLLM is given: the served path, or the hub id
     model_id: str | None
     revision: str | None
     engine: dict
@@ -95,12 +98,12 @@ class Recipe:
     workload: Workload
     targets: list[str] = field(default_factory=list)
     description: str = ""
-    notes: tuple[str, ...] = ()     # warnings found while loading (e.g. an engine arg newer than the table)
-    offline: bool = False           # nodes serve without network: no FlashInfer downloads
+    notes: tuple[str, ...] = ()  # warnings found while loading (e.g. an engine arg newer than the table)
+    offline: bool = False  # nodes serve without network: no FlashInfer downloads
     # load(..., schema_later=True): (doc, text) whose JSON Schema check checked() still owes
     unchecked: tuple | None = field(default=None, compare=False, repr=False)
 
-    def checked(self) -> "Recipe":
+    def checked(self) -> Recipe:
         """This recipe with every check done: a RecipeError if it fails one, else the recipe with
         the notes the schema check found. Itself when nothing was left for later."""
         if self.unchecked is None:
@@ -109,9 +112,15 @@ class Recipe:
         return parse(doc, self.source, text)
 
     def identity(self) -> dict:
-        return {"name": self.name, "model": self.model, "model_id": self.model_id,
-                "revision": self.revision, "engine": self.engine, "env": self.env,
-                "workload": self.workload.spec()}
+        return {
+            "name": self.name,
+            "model": self.model,
+            "model_id": self.model_id,
+            "revision": self.revision,
+            "engine": self.engine,
+            "env": self.env,
+            "workload": self.workload.spec(),
+        }
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()
@@ -120,23 +129,34 @@ class Recipe:
         return {"name": self.name, "digest": self.digest(), "identity": self.identity()}
 
     @classmethod
-    def from_artifact(cls, art) -> "Recipe":
+    def from_artifact(cls, art) -> Recipe:
         """The recipe an artifact was built from, rebuilt from the identity its artifact.json
         records (art: a warmer.artifact.Artifact): what a node serves with when it has no recipe
         file. Checked as a recipe file is; its digest is the artifact's."""
         ident = art.recipe.identity
         model = {"path": ident["model"]} if str(ident["model"]).startswith("/") else {}
         model |= {k: ident[f] for k, f in (("id", "model_id"), ("revision", "revision")) if ident.get(f)}
-        return parse({"name": ident["name"], "model": model, "engine": ident["engine"], "env": ident["env"],
-                      "workload": ident["workload"]}, Path(f"<artifact {art.key[:16]}>"))
+        return parse(
+            {
+                "name": ident["name"],
+                "model": model,
+                "engine": ident["engine"],
+                "env": ident["env"],
+                "workload": ident["workload"],
+            },
+            Path(f"<artifact {art.key[:16]}>"),
+        )
 
     def warnings(self) -> list[str]:
         """Engine args left to defaults that differ between the warm-up and `vllm serve`, and what
         loading found suspicious but could not refuse."""
-        return [f"{self.source}: engine.{arg} is not set: vLLM's LLM() (the warm-up) and `vllm serve` "
-                f"default it differently (max_num_batched_tokens 16384 vs 8192 on H100/H200, 8192 vs 2048 on "
-                f"smaller GPUs) and vLLM hashes it into its compile key: pin it, and serve with the same value"
-                for arg in SCHEDULER_ARGS if arg not in self.engine] + list(self.notes)
+        return [
+            f"{self.source}: engine.{arg} is not set: vLLM's LLM() (the warm-up) and `vllm serve` "
+            f"default it differently (max_num_batched_tokens 16384 vs 8192 on H100/H200, 8192 vs 2048 on "
+            f"smaller GPUs) and vLLM hashes it into its compile key: pin it, and serve with the same value"
+            for arg in SCHEDULER_ARGS
+            if arg not in self.engine
+        ] + list(self.notes)
 
 
 # --- where a key is: tomllib gives no positions ----------------------------------------------
@@ -175,7 +195,7 @@ def _skip_value(line: str, start: int, open_: tuple[str | None, int]) -> tuple[s
         if c == "#":
             break
         if line.startswith('"""', i) or line.startswith("'''", i):
-            quote, i = line[i:i + 3], i + 3
+            quote, i = line[i : i + 3], i + 3
             continue
         if c in "\"'":
             quote = c
@@ -195,7 +215,7 @@ def locate(text: str) -> dict[tuple, tuple[int, int]]:
     arrays: dict[tuple, int] = {}
     open_: tuple[str | None, int] = (None, 0)
     for n, line in enumerate(text.splitlines(), 1):
-        if open_ != (None, 0):      # inside a multi-line value
+        if open_ != (None, 0):  # inside a multi-line value
             open_ = _skip_value(line, 0, open_)
             continue
         col = len(line) - len(line.lstrip(" \t")) + 1
@@ -227,9 +247,14 @@ def _position(where: dict, path: tuple) -> tuple[int, int]:
 # --- messages -------------------------------------------------------------------------------
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-_TYPE_WORDS = {"integer": ("an integer", "integers"), "number": ("a number", "numbers"),
-               "string": ("a string", "strings"), "boolean": ("true or false", "booleans"),
-               "array": ("a list", "lists"), "object": ("a table", "tables")}
+_TYPE_WORDS = {
+    "integer": ("an integer", "integers"),
+    "number": ("a number", "numbers"),
+    "string": ("a string", "strings"),
+    "boolean": ("true or false", "booleans"),
+    "array": ("a list", "lists"),
+    "object": ("a table", "tables"),
+}
 
 
 def _dotted(path: tuple) -> str:
@@ -263,8 +288,11 @@ def _describe(schema) -> str:
         return "a positive integer"
     if kind == "array" and schema.get("items"):
         items = schema["items"]
-        inner = (_TYPE_WORDS[items["type"]][1] if set(items) == {"type"} and isinstance(items["type"], str)
-                 else f"items that are each {_describe(items)}")
+        inner = (
+            _TYPE_WORDS[items["type"]][1]
+            if set(items) == {"type"} and isinstance(items["type"], str)
+            else f"items that are each {_describe(items)}"
+        )
         return ("a non-empty list of " if schema.get("minItems") else "a list of ") + inner
     return _TYPE_WORDS.get(kind, ("anything",))[0]
 
@@ -284,6 +312,7 @@ def _suggest(word, choices, show=str) -> str:
 
 # --- validation ------------------------------------------------------------------------------
 
+
 @functools.cache
 def _validator():
     # jsonschema costs ~90 ms to import: only processes that load a recipe pay it.
@@ -294,8 +323,11 @@ def _validator():
         # newline, and an env key "X\n" must not pass as an identifier.
         if not validator.is_type(instance, "string"):
             return
-        ok = (re.fullmatch(patrn, instance) if patrn.startswith("^") and patrn.endswith("$")
-              else re.search(patrn, instance))
+        ok = (
+            re.fullmatch(patrn, instance)
+            if patrn.startswith("^") and patrn.endswith("$")
+            else re.search(patrn, instance)
+        )
         if not ok:
             yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
 
@@ -350,8 +382,9 @@ def _unknown_key(path: tuple, key: str, value, known: list[str]) -> str:
         what, show = "table [[{}]]", lambda k: f"[[{_dotted(path + (k,))}]]"
     else:
         what, show = "key {}", str
-    return (f"unknown {what.format(_dotted(path + (key,)))}"
-            + (_suggest(key, known, show) or f"; known: {', '.join(known)}"))
+    return f"unknown {what.format(_dotted(path + (key,)))}" + (
+        _suggest(key, known, show) or f"; known: {', '.join(known)}"
+    )
 
 
 def _check_schema(doc: dict) -> list[tuple[tuple, str, bool]]:
@@ -374,19 +407,25 @@ def _check_schema(doc: dict) -> list[tuple[tuple, str, bool]]:
                 missing_seen.add(path + (key,))
                 prop = e.schema.get("properties", {}).get(key, {})
                 what = f"[{_dotted(path + (key,))}] table" if prop.get("type") == "object" else _dotted(path + (key,))
-                problems.append((path, f"a {what} is required" + (f": {prop['description']}"
-                                                                 if "description" in prop else ""), False))
+                problems.append(
+                    (
+                        path,
+                        f"a {what} is required" + (f": {prop['description']}" if "description" in prop else ""),
+                        False,
+                    )
+                )
         elif x := _x_message(e, doc):
             message, owner, value = x
             if e.validator == "pattern" and "propertyNames" in e.absolute_schema_path:
-                at = path + (value,)    # point at the key itself
+                at = path + (value,)  # point at the key itself
             else:
                 at = owner
             problems.append((at, f"{_dotted(owner)} {message.replace('{value}', _show(value))}", False))
         else:
             hint = _suggest(e.instance, e.schema["enum"], _show) if e.validator == "enum" else ""
-            problems.append((path, f"{_dotted(path)} must be {_describe(e.schema)}, got {_show(e.instance)}{hint}",
-                             False))
+            problems.append(
+                (path, f"{_dotted(path)} must be {_describe(e.schema)}, got {_show(e.instance)}{hint}", False)
+            )
     return problems
 
 
@@ -396,13 +435,25 @@ def _unknown_engine_arg(key: str, known: list[str]) -> tuple[tuple, str, bool]:
     hint = _suggest(key, known)
     # A local build tag (0.32.0+cu130) does not change EngineArgs.
     if installed and installed.split("+")[0] == recorded:
-        return ("engine", key), (f"unknown engine arg engine.{key}{hint} (vLLM {recorded}'s EngineArgs has no "
-                                 f"such field; see `vllm serve --help`)"), False
+        return (
+            ("engine", key),
+            (
+                f"unknown engine arg engine.{key}{hint} (vLLM {recorded}'s EngineArgs has no "
+                f"such field; see `vllm serve --help`)"
+            ),
+            False,
+        )
     here = f"the installed vLLM {installed}" if installed else "vLLM is not installed here, and a newer vLLM"
-    return ("engine", key), (f"unknown engine arg engine.{key}{hint}: not in vLLM {recorded}'s EngineArgs "
-                             f"(warmer's recorded table), but {here} may have it, so this is only a warning; a typo "
-                             f"here is a cold start on every node (re-record with scripts/record_engine_args.py "
-                             f"after upgrading vLLM)"), True
+    return (
+        ("engine", key),
+        (
+            f"unknown engine arg engine.{key}{hint}: not in vLLM {recorded}'s EngineArgs "
+            f"(warmer's recorded table), but {here} may have it, so this is only a warning; a typo "
+            f"here is a cold start on every node (re-record with scripts/record_engine_args.py "
+            f"after upgrading vLLM)"
+        ),
+        True,
+    )
 
 
 def _expand(value: str, where: str) -> str:
@@ -411,6 +462,7 @@ def _expand(value: str, where: str) -> str:
         if var not in os.environ:
             raise RecipeError(f"{where} uses ${{{var}}}, which is not set: export {var} before running warmer")
         return os.environ[var]
+
     return VAR_RE.sub(sub, value)
 
 
@@ -429,19 +481,32 @@ def _check_meaning(doc: dict) -> tuple[list[tuple[tuple, str, bool]], str | None
                 problems.append((("model", "path"), str(e), False))
             else:
                 if not os.path.isabs(path):
-                    problems.append((("model", "path"), f"model.path must be absolute (vLLM keys its compile cache "
-                                                        f"on this exact string), got {_show(path)}", False))
+                    problems.append(
+                        (
+                            ("model", "path"),
+                            f"model.path must be absolute (vLLM keys its compile cache "
+                            f"on this exact string), got {_show(path)}",
+                            False,
+                        )
+                    )
         elif raw is None and not model_id:
             problems.append((("model",), "[model] needs `path` (the directory it is served from) or `id`", False))
         elif raw is None and isinstance(model_id, str) and not revision:
-            problems.append((("model", "id"), f"model.id {_show(model_id)} needs model.revision (a commit) so that "
-                                              "every node serves the same weights", False))
+            problems.append(
+                (
+                    ("model", "id"),
+                    f"model.id {_show(model_id)} needs model.revision (a commit) so that "
+                    "every node serves the same weights",
+                    False,
+                )
+            )
     env = doc.get("env")
     if isinstance(env, dict):
         for key in env:
             if key in RESERVED_ENV:
-                problems.append((("env", key), f"env.{key} is reserved: {RESERVED_ENV[key]}; remove it from [env]",
-                                 False))
+                problems.append(
+                    (("env", key), f"env.{key} is reserved: {RESERVED_ENV[key]}; remove it from [env]", False)
+                )
     return problems, path
 
 
@@ -480,12 +545,28 @@ def parse(doc: dict, source: Path, text: str | None = None, *, schema_later: boo
 
 def _build(doc: dict, source: Path, path: str | None, notes: tuple, unchecked: tuple | None = None) -> Recipe:
     model, w = doc["model"], doc["workload"]
-    workload = Workload(w["prompt_lengths"], w.get("batch_sizes", [1]), w.get("max_tokens", 16),
-                        w.get("sampling", [{"temperature": 0.0}]), w.get("timeout_s", 1800))
-    return Recipe(name=doc["name"], source=source, model=path or model["id"], model_id=model.get("id"),
-                  revision=model.get("revision"), engine=doc.get("engine", {}), env=dict(doc.get("env", {})),
-                  workload=workload, targets=doc.get("targets", []), description=str(doc.get("description", "")),
-                  notes=notes, offline=bool(doc.get("offline", False)), unchecked=unchecked)
+    workload = Workload(
+        w["prompt_lengths"],
+        w.get("batch_sizes", [1]),
+        w.get("max_tokens", 16),
+        w.get("sampling", [{"temperature": 0.0}]),
+        w.get("timeout_s", 1800),
+    )
+    return Recipe(
+        name=doc["name"],
+        source=source,
+        model=path or model["id"],
+        model_id=model.get("id"),
+        revision=model.get("revision"),
+        engine=doc.get("engine", {}),
+        env=dict(doc.get("env", {})),
+        workload=workload,
+        targets=doc.get("targets", []),
+        description=str(doc.get("description", "")),
+        notes=notes,
+        offline=bool(doc.get("offline", False)),
+        unchecked=unchecked,
+    )
 
 
 _TOML_AT = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
@@ -505,8 +586,9 @@ def read_recipe_file(source: Path, within: Path | None = None) -> str:
 
     target = Path(os.path.realpath(source)) if within is not None else source
     if within is not None and not target.is_relative_to(os.path.realpath(within)):
-        raise RecipeError(f"recipe {source} is a link to {target}, outside {within}: refused; put the recipe "
-                          "itself in the directory")
+        raise RecipeError(
+            f"recipe {source} is a link to {target}, outside {within}: refused; put the recipe itself in the directory"
+        )
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if within is not None else 0)
     try:
         fd = os.open(target, flags)

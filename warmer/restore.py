@@ -22,28 +22,28 @@ import logging
 import os
 import shutil
 import stat
-import sys
 import time
 import uuid
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO, Callable, ContextManager, Iterator
+from typing import BinaryIO
 
 from warmer import archive, artifact, components, signing
 from warmer.artifact import Artifact, ArtifactError
 from warmer.atomic import atomic_write
 from warmer.deadline import Deadline, DeadlineExceeded
+from warmer.errors import UsageError, WarmerError
 from warmer.store import BlobCorrupt, BlobStream, StoreError
 from warmer.store.progress import Progress
-from warmer.errors import UsageError, WarmerError
 from warmer.untrusted import Fields, InvalidDocument, load_json
 
-MARKER = ".warmer-artifact.json"   # in an active root: which artifact it holds
-PREPARED = ".warmer-root"          # in a root warmer prepared for vLLM to compile into (a miss)
+MARKER = ".warmer-artifact.json"  # in an active root: which artifact it holds
+PREPARED = ".warmer-root"  # in a root warmer prepared for vLLM to compile into (a miss)
 DEFAULT_MAX_BYTES = 256 << 30
-DEFAULT_LOCK_TIMEOUT = 900.0       # a restore of a large artifact on a slow disk takes minutes
+DEFAULT_LOCK_TIMEOUT = 900.0  # a restore of a large artifact on a slow disk takes minutes
 MAX_MARKER_BYTES = archive.MANIFEST_LIMIT + (1 << 20)
 log = logging.getLogger("warmer")
 
@@ -58,9 +58,11 @@ def not_activated(root: Path, why: str) -> RestoreError:
 
 # -- the marker ------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Marker:
     """What an active root holds: its artifact.json (and its signature, when it was checked)."""
+
     artifact: Artifact
     archive_sha256: str
     restored_at: str
@@ -72,9 +74,11 @@ class Marker:
     def pieces(self) -> Iterator[bytes]:
         """The marker's bytes, artifact.json spliced in as its canonical bytes (the marker's id
         check needs them exact), in pieces: written without being made whole."""
-        yield (f'{{"artifact_id":"{self.artifact.id}","key":"{self.artifact.key}",'
-               f'"recipe":"{self.artifact.recipe.name}","archive_sha256":"{self.archive_sha256}",'
-               f'"restored_at":"{self.restored_at}",').encode()
+        yield (
+            f'{{"artifact_id":"{self.artifact.id}","key":"{self.artifact.key}",'
+            f'"recipe":"{self.artifact.recipe.name}","archive_sha256":"{self.archive_sha256}",'
+            f'"restored_at":"{self.restored_at}",'
+        ).encode()
         yield b'"signature":' + json.dumps(self.signature.to_json() if self.signature else None).encode()
         head, tail = self.artifact.around_files
         yield _ARTIFACT_KEY + head
@@ -82,7 +86,7 @@ class Marker:
         yield tail.removesuffix(b"\n") + b"}"  # canonical() ends with a newline, not a marker's copy
 
     @classmethod
-    def from_bytes(cls, data: bytes, where: str, expect: Artifact | None = None) -> "Marker":
+    def from_bytes(cls, data: bytes, where: str, expect: Artifact | None = None) -> Marker:
         """expect: the artifact the caller hopes is active. A marker that ends with its canonical
         bytes holds it: only the marker's head is parsed (a no-op fetch skips re-reading 10,000 entries)."""
         at = _ends_with_artifact(data, expect) if expect is not None and len(data) <= MAX_MARKER_BYTES else None
@@ -95,8 +99,12 @@ class Marker:
             art = Artifact.from_json(f.obj("artifact").doc, files, f"{where}.artifact")
         if f.str("artifact_id", max_len=64) != art.id:
             raise InvalidDocument(f"{where}: its artifact_id does not match its artifact.json")
-        return cls(art, f.str("archive_sha256", max_len=64), f.str("restored_at", max_len=64),
-                   signing.Signature.from_json(f.raw("signature"), f"{where}.signature"))
+        return cls(
+            art,
+            f.str("archive_sha256", max_len=64),
+            f.str("restored_at", max_len=64),
+            signing.Signature.from_json(f.raw("signature"), f"{where}.signature"),
+        )
 
 
 _ARTIFACT_KEY = b',"artifact":'
@@ -107,9 +115,9 @@ def _ends_with_artifact(data: bytes, art: Artifact) -> int | None:
     them: found from their sha256 (art.id), so that art's bytes are never made whole."""
     size = art.canonical_size - 1  # canonical() ends with a newline, the marker's copy does not
     at = len(data) - 1 - size - len(_ARTIFACT_KEY)
-    if at < 0 or not data.endswith(b"}") or data[at:at + len(_ARTIFACT_KEY)] != _ARTIFACT_KEY:
+    if at < 0 or not data.endswith(b"}") or data[at : at + len(_ARTIFACT_KEY)] != _ARTIFACT_KEY:
         return None
-    digest = hashlib.sha256(memoryview(data)[len(data) - 1 - size:-1])
+    digest = hashlib.sha256(memoryview(data)[len(data) - 1 - size : -1])
     digest.update(b"\n")
     return at if digest.hexdigest() == art.id else None
 
@@ -162,6 +170,7 @@ def still_intact(marker: Marker, root: Path, trusted_keys=()) -> str | None:
 
 # -- the lock -------------------------------------------------------------------------------------
 
+
 def lock_path(root: Path) -> Path:
     return root.parent / f".{root.name}.warmer.lock"
 
@@ -194,7 +203,7 @@ def _describe(pid: int) -> str:
         ticks = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
         boot = time.time() - float(Path("/proc/uptime").read_text().split()[0])
         started = boot + ticks / os.sysconf("SC_CLK_TCK")
-        since = f", running since {datetime.fromtimestamp(started, timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+        since = f", running since {datetime.fromtimestamp(started, UTC):%Y-%m-%d %H:%M:%S} UTC"
     except (OSError, ValueError, IndexError):
         pass
     return f"pid {pid}" + (f" ({cmd[:120]})" if cmd else "") + since
@@ -207,8 +216,12 @@ LOCK_MODE = 0o600  # only the root's owner (and root) may open, and so lock, the
 
 
 @contextmanager
-def locked(root: Path, timeout: float = DEFAULT_LOCK_TIMEOUT, owner: tuple[int, int] | None = None,
-           deadline: Deadline | None = None):
+def locked(
+    root: Path,
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+    owner: tuple[int, int] | None = None,
+    deadline: Deadline | None = None,
+):
     """Hold the lock beside root; RestoreError after timeout seconds (FOREIGN_HOLDER_WAIT_S for a
     shared holder, which is never a restore), naming the holder and since when it runs. owner:
     the lock is handed to it, as the root is, so that its later fetches can lock it. deadline: a
@@ -218,18 +231,24 @@ def locked(root: Path, timeout: float = DEFAULT_LOCK_TIMEOUT, owner: tuple[int, 
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, LOCK_MODE)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise not_activated(root, f"the lock {path} is a symbolic link, which warmer never creates: "
-                                      "someone planted it; remove it") from None
+            raise not_activated(
+                root, f"the lock {path} is a symbolic link, which warmer never creates: someone planted it; remove it"
+            ) from None
         raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise not_activated(root, f"the lock {path} is not a regular file ({stat.filemode(st.st_mode)}): "
-                                      "someone planted it; remove it")
+            raise not_activated(
+                root,
+                f"the lock {path} is not a regular file ({stat.filemode(st.st_mode)}): someone planted it; remove it",
+            )
         allowed = {os.geteuid(), 0} | ({owner[0]} if owner else set())
         if st.st_uid not in allowed:
-            raise not_activated(root, f"the lock {path} belongs to uid {st.st_uid}, not to this user "
-                                      f"({os.geteuid()}) or root: restore as its owner, or remove it")
+            raise not_activated(
+                root,
+                f"the lock {path} belongs to uid {st.st_uid}, not to this user "
+                f"({os.geteuid()}) or root: restore as its owner, or remove it",
+            )
         if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != LOCK_MODE:
             os.fchmod(fd, LOCK_MODE)  # a lock an older warmer made 0644: any user could take LOCK_SH on it
         if owner and os.geteuid() == 0 and (st.st_uid, st.st_gid) != owner:
@@ -258,22 +277,26 @@ def _wait_for(fd: int, root: Path, path: Path, timeout: float, deadline: Deadlin
             limit = min(timeout, FOREIGN_HOLDER_WAIT_S) if shared else timeout
             who = ", ".join(_describe(p) for p, _ in holders) or "another process"
             if not said:  # a person watching a pod's log should know why nothing moves
-                log.info("waiting up to %.0f s for the lock %s, held%s by %s", limit, path,
-                         " shared" if shared else "", who)
+                log.info(
+                    "waiting up to %.0f s for the lock %s, held%s by %s", limit, path, " shared" if shared else "", who
+                )
                 said = True
             if deadline is not None and deadline.expired():
-                raise deadline.error(f"waiting for the lock {path}, held by {who}")
+                raise deadline.error(f"waiting for the lock {path}, held by {who}") from None
             if time.monotonic() - began >= limit:
-                what = ("held shared (warmer takes it exclusively: this is not a restore)" if shared
-                        else "still held")
-                raise not_activated(root, f"the lock {path} is {what} after {limit:.0f} s by {who}; another "
-                                          "restore may be running (wait, or stop it), or a process holds the "
-                                          "lock file open: stop it, or remove the lock") from None
+                what = "held shared (warmer takes it exclusively: this is not a restore)" if shared else "still held"
+                raise not_activated(
+                    root,
+                    f"the lock {path} is {what} after {limit:.0f} s by {who}; another "
+                    "restore may be running (wait, or stop it), or a process holds the "
+                    "lock file open: stop it, or remove the lock",
+                ) from None
             time.sleep(delay)  # polling the lock with a deadline (flock has no timeout)
             delay = min(delay * 2, 0.5)
 
 
 # -- staging and activation -----------------------------------------------------------------------
+
 
 def _exchange(a: Path, b: Path) -> None:
     """Swap two paths atomically (renameat2 RENAME_EXCHANGE)."""
@@ -331,8 +354,10 @@ def _clean_leftovers(root: Path, owner: tuple[int, int] | None = None) -> None:
 def check_root(root: Path) -> Path:
     root = Path(os.path.abspath(root))
     if root.is_symlink():
-        raise UsageError(f"root {root} is a symlink to {os.path.realpath(root)}: pass the real path "
-                         "(FlashInfer's ninja rebuilds what it finds through a link)")
+        raise UsageError(
+            f"root {root} is a symlink to {os.path.realpath(root)}: pass the real path "
+            "(FlashInfer's ninja rebuilds what it finds through a link)"
+        )
     if root.exists() and not root.is_dir():
         raise UsageError(f"root {root} exists and is not a directory: choose a directory")
     return root
@@ -340,11 +365,14 @@ def check_root(root: Path) -> Path:
 
 # -- ownership: the serving user must write the root ------------------------------------------------
 
+
 def check_owner(owner: tuple[int, int] | None) -> None:
     """An owner (uid, gid) this process can hand a root to: it must be root, or be that user."""
     if owner is not None and os.geteuid() != 0 and owner != (os.geteuid(), os.getegid()):
-        raise UsageError(f"--owner {owner[0]}:{owner[1]} needs root (it changes the restored files' owner); this is "
-                         f"uid {os.geteuid()}: run the fetch as root, or as uid {owner[0]} without --owner")
+        raise UsageError(
+            f"--owner {owner[0]}:{owner[1]} needs root (it changes the restored files' owner); this is "
+            f"uid {os.geteuid()}: run the fetch as root, or as uid {owner[0]} without --owner"
+        )
 
 
 def _chown_tree(top: Path, owner: tuple[int, int]) -> None:
@@ -378,8 +406,12 @@ def unwritable(root: Path, owner: tuple[int, int] | None = None, dirs: list[Path
         else:
             uid, gid = owner
             mode = st.st_mode
-            ok = (uid == 0 or (st.st_uid == uid and mode & 0o300 == 0o300)
-                  or (st.st_gid == gid and mode & 0o030 == 0o030) or mode & 0o003 == 0o003)
+            ok = (
+                uid == 0
+                or (st.st_uid == uid and mode & 0o300 == 0o300)
+                or (st.st_gid == gid and mode & 0o030 == 0o030)
+                or mode & 0o003 == 0o003
+            )
         if not ok:
             return f"{d} is owned by {st.st_uid}:{st.st_gid} with mode {stat.filemode(st.st_mode)}"
     return None
@@ -387,8 +419,10 @@ def unwritable(root: Path, owner: tuple[int, int] | None = None, dirs: list[Path
 
 def ownership_fix(root: Path, uid: int) -> str:
     """The commands that hand root to uid, for a message."""
-    return (f"Fix: fetch as root with `--owner {uid}:GID` (warmer hands the root over), or `chown -R {uid}:GID "
-            f"{root}` as root, or run the fetch as uid {uid} on a directory it owns (README, \"Ownership\")")
+    return (
+        f"Fix: fetch as root with `--owner {uid}:GID` (warmer hands the root over), or `chown -R {uid}:GID "
+        f'{root}` as root, or run the fetch as uid {uid} on a directory it owns (README, "Ownership")'
+    )
 
 
 def _replaceable(root: Path) -> str | None:
@@ -399,8 +433,10 @@ def _replaceable(root: Path) -> str | None:
         return None
     if not any(root.iterdir()):
         return None
-    return (f"{root} holds files warmer did not put there (no {MARKER} or {PREPARED}): a restore would replace "
-            "them; pass --force if that is intended, or choose another root")
+    return (
+        f"{root} holds files warmer did not put there (no {MARKER} or {PREPARED}): a restore would replace "
+        "them; pass --force if that is intended, or choose another root"
+    )
 
 
 def prepare(root: Path, owner: tuple[int, int] | None = None) -> str | None:
@@ -414,8 +450,8 @@ def prepare(root: Path, owner: tuple[int, int] | None = None) -> str | None:
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
     if owner and os.geteuid() == 0:  # each directory from root down to every cache directory
-        for d in {p for d in dirs for p in (d, *d.parents) if p.is_relative_to(root)}:
-            os.lchown(d, *owner)
+        for path in {p for d in dirs for p in (d, *d.parents) if p.is_relative_to(root)}:
+            os.lchown(path, *owner)
     return unwritable(root, owner, dirs)
 
 
@@ -434,7 +470,7 @@ def _os_error(e: OSError, root: Path) -> RestoreError:
 
 @dataclass(frozen=True)
 class RestoreResult:
-    status: str         # "restored" or "already-active"
+    status: str  # "restored" or "already-active"
     root: str
     key: str
     seconds: float
@@ -446,11 +482,21 @@ class RestoreResult:
         return {k: v for k, v in vars(self).items() if v is not None}
 
 
-def restore(art: Artifact, open_archive: Callable[[], ContextManager[BinaryIO]], root: Path, *,
-            archive_sha256: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES, trusted_keys=(),
-            signature: signing.Signature | None = None, force: bool = False,
-            lock_timeout: float = DEFAULT_LOCK_TIMEOUT, owner: tuple[int, int] | None = None,
-            progress: bool = False, deadline: Deadline | None = None) -> RestoreResult:
+def restore(
+    art: Artifact,
+    open_archive: Callable[[], AbstractContextManager[BinaryIO]],
+    root: Path,
+    *,
+    archive_sha256: str | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    trusted_keys=(),
+    signature: signing.Signature | None = None,
+    force: bool = False,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    owner: tuple[int, int] | None = None,
+    progress: bool = False,
+    deadline: Deadline | None = None,
+) -> RestoreResult:
     """Activate art in root; a no-op when it is already active and intact.
 
     open_archive opens the archive's bytes (a local file or a store's blob). The archive's own
@@ -477,8 +523,11 @@ def restore(art: Artifact, open_archive: Callable[[], ContextManager[BinaryIO]],
                 raise not_activated(root, why)
             need, free = art.total_bytes, shutil.disk_usage(root.parent).free
             if need > free:
-                raise not_activated(root, f"the artifact unpacks to {need / 2**30:.2f} GiB but {root.parent} has "
-                                          f"{free / 2**30:.2f} GiB free: free space or choose another root")
+                raise not_activated(
+                    root,
+                    f"the artifact unpacks to {need / 2**30:.2f} GiB but {root.parent} has "
+                    f"{free / 2**30:.2f} GiB free: free space or choose another root",
+                )
             try:
                 staging.mkdir()
                 bar = Progress(f"restore {art.key[:12]}", art.total_bytes) if progress else None
@@ -487,8 +536,7 @@ def restore(art: Artifact, open_archive: Callable[[], ContextManager[BinaryIO]],
                 finally:
                     if bar:
                         bar.close()
-                done = Marker(art, got.archive_sha256, datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                                signature)
+                done = Marker(art, got.archive_sha256, datetime.now(UTC).isoformat(timespec="seconds"), signature)
                 with atomic_write(staging / MARKER) as f:
                     f.writelines(done.pieces())
                 if owner and os.geteuid() == 0:
@@ -504,12 +552,14 @@ def restore(art: Artifact, open_archive: Callable[[], ContextManager[BinaryIO]],
         raise not_activated(root, str(e)) from e
     except OSError as e:
         raise _os_error(e, root) from e
-    return RestoreResult("restored", str(root), art.key, round(time.perf_counter() - t0, 3), got.files, got.bytes,
-                         got.archive_bytes)
+    return RestoreResult(
+        "restored", str(root), art.key, round(time.perf_counter() - t0, 3), got.files, got.bytes, got.archive_bytes
+    )
 
 
-def _extract(art: Artifact, open_archive, staging: Path, archive_sha256: str | None,
-             max_bytes: int, bar=None) -> archive.Extracted:
+def _extract(
+    art: Artifact, open_archive, staging: Path, archive_sha256: str | None, max_bytes: int, bar=None
+) -> archive.Extracted:
     """Unpack and check into staging, then add what the root needs besides the files.
 
     A store's stream (BlobStream) is extracted as it downloads. Bytes that fail (a member's
@@ -522,7 +572,9 @@ def _extract(art: Artifact, open_archive, staging: Path, archive_sha256: str | N
         with open_archive() as stream:
             streamed = isinstance(stream, BlobStream)
             try:
-                got = archive.extract(stream, staging, lambda manifest: _files_of(art, manifest), max_bytes, on_file=bar)
+                got = archive.extract(
+                    stream, staging, lambda manifest: _files_of(art, manifest), max_bytes, on_file=bar
+                )
                 break
             except BlobCorrupt:
                 if not streamed or not stream.checked:
@@ -530,8 +582,12 @@ def _extract(art: Artifact, open_archive, staging: Path, archive_sha256: str | N
             except (archive.ArchiveError, ArtifactError):
                 # Finish the download (hashing only) to learn whether these were the blob's bytes;
                 # bounded: a blob larger than what it may unpack to is refused without it.
-                if (not streamed or stream.attempts == 1
-                        or stream.size > max_bytes + (max_bytes >> 6) + (64 << 20) or stream.drain()):
+                if (
+                    not streamed
+                    or stream.attempts == 1
+                    or stream.size > max_bytes + (max_bytes >> 6) + (64 << 20)
+                    or stream.drain()
+                ):
                     raise
             if attempt >= stream.attempts:
                 raise stream.refused(attempt)
@@ -540,8 +596,9 @@ def _extract(art: Artifact, open_archive, staging: Path, archive_sha256: str | N
         if bar:
             bar(-bar.done)
     if archive_sha256 and got.archive_sha256 != archive_sha256:
-        raise archive.ArchiveError(f"the archive hashes to {got.archive_sha256}, expected "
-                                   f"{archive_sha256}: corrupt or truncated download")
+        raise archive.ArchiveError(
+            f"the archive hashes to {got.archive_sha256}, expected {archive_sha256}: corrupt or truncated download"
+        )
     for c in components.ALL:  # e.g. TMPDIR must exist, or it is silently replaced by /tmp
         (staging / c.subdir).mkdir(exist_ok=True)
     return got
@@ -560,8 +617,10 @@ def _files_of(art: Artifact, manifest: Iterator[memoryview]) -> archive.FileList
     else:
         rest = None if not expect.take(1) else art.canonical[:at]
     if rest is not None and Artifact.from_bytes(rest).id != art.id:
-        raise archive.ArchiveError("the archive's artifact.json is not the one this restore "
-                                   "was asked for (the store's index and blob disagree)")
+        raise archive.ArchiveError(
+            "the archive's artifact.json is not the one this restore "
+            "was asked for (the store's index and blob disagree)"
+        )
     return art.files
 
 
@@ -577,9 +636,11 @@ def _other_form(art: Artifact, at: int, piece: memoryview, rest: Iterator[memory
             return b"".join(parts)
         parts.append(piece)
         size += len(piece)
-    raise archive.ArchiveError(f"the archive's artifact.json is more than twice the size of the one this "
-                               f"restore was asked for ({art.canonical_size} bytes; the store's index and blob "
-                               "disagree): refused")
+    raise archive.ArchiveError(
+        f"the archive's artifact.json is more than twice the size of the one this "
+        f"restore was asked for ({art.canonical_size} bytes; the store's index and blob "
+        "disagree): refused"
+    )
 
 
 class _Cursor:
@@ -599,7 +660,7 @@ class _Cursor:
                 continue
             out.append(self.left[:n])
             n -= len(out[-1])
-            self.left = self.left[len(out[-1]):]
+            self.left = self.left[len(out[-1]) :]
         return b"".join(out)
 
 
@@ -614,10 +675,18 @@ def read_artifact_file(path: Path) -> Artifact:
         raise RestoreError(f"{path} is a directory, not an artifact file") from None
 
 
-def restore_file(path: Path, root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, trusted_keys=(),
-                 signature: signing.Signature | None = None, force: bool = False,
-                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT, owner: tuple[int, int] | None = None,
-                 progress: bool = False) -> RestoreResult:
+def restore_file(
+    path: Path,
+    root: Path,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    trusted_keys=(),
+    signature: signing.Signature | None = None,
+    force: bool = False,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    owner: tuple[int, int] | None = None,
+    progress: bool = False,
+) -> RestoreResult:
     """Restore from a local artifact file (image builds, air-gapped nodes).
 
     With trusted_keys, the file must be signed by one of them (signature, or FILE.sig)."""
@@ -628,5 +697,15 @@ def restore_file(path: Path, root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, 
             signing.verify(art.canonical, signature, list(trusted_keys))
     except (archive.ArchiveError, ArtifactError, signing.SignatureError) as e:
         raise RestoreError(f"not activated: {path}: {e}") from e
-    return restore(art, lambda: open(path, "rb"), root, max_bytes=max_bytes, trusted_keys=trusted_keys,
-                   signature=signature, force=force, lock_timeout=lock_timeout, owner=owner, progress=progress)
+    return restore(
+        art,
+        lambda: open(path, "rb"),
+        root,
+        max_bytes=max_bytes,
+        trusted_keys=trusted_keys,
+        signature=signature,
+        force=force,
+        lock_timeout=lock_timeout,
+        owner=owner,
+        progress=progress,
+    )

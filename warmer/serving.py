@@ -12,10 +12,10 @@ import os
 import shlex
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Mapping
 
 from warmer import components, restore
 from warmer.components import flashinfer
@@ -24,8 +24,9 @@ from warmer.recipe import Recipe
 from warmer.vllmkey import FactorDifference
 
 
-def vllm_env(recipe: Recipe, root: Path, *, files=None, offline: bool = False,
-             added: Mapping[str, str] | None = None) -> EnvFile:
+def vllm_env(
+    recipe: Recipe, root: Path, *, files=None, offline: bool = False, added: Mapping[str, str] | None = None
+) -> EnvFile:
     """The variables warmer sets for vLLM: caches under root, then the recipe's env.
 
     files: the artifact's FileList, when one is restored (cubins it holds are pointed at);
@@ -105,8 +106,17 @@ def command(recipe: Recipe, extra: list[str] = ()) -> list[str]:
 
 # Engine args that are not in vLLM's compile key (VllmConfig.compute_hash ignores them, or they
 # only name things): passing them to `warmer serve` changes nothing that was warmed.
-UNHASHED_ENGINE_ARGS = {"served_model_name", "tokenizer", "seed", "disable_log_stats", "enable_log_requests",
-                        "tokenizer_mode", "hf_token", "download_dir", "load_format"}
+UNHASHED_ENGINE_ARGS = {
+    "served_model_name",
+    "tokenizer",
+    "seed",
+    "disable_log_stats",
+    "enable_log_requests",
+    "tokenizer_mode",
+    "hf_token",
+    "download_dir",
+    "load_format",
+}
 
 
 def hashed_extra_flags(extra: list[str]) -> list[str]:
@@ -129,10 +139,11 @@ def hashed_extra_flags(extra: list[str]) -> list[str]:
 @dataclass(frozen=True)
 class ServePlan:
     """What `warmer serve` runs: the command, the env it adds, and whether vLLM's key will hold."""
+
     command: tuple[str, ...]
-    env: EnvFile                      # what warmer sets (on top of the process env)
-    environ: dict[str, str] = field(hash=False, repr=False)   # the whole env vLLM starts with
-    active: str | None = None         # the key of the artifact active in the root
+    env: EnvFile  # what warmer sets (on top of the process env)
+    environ: dict[str, str] = field(hash=False, repr=False)  # the whole env vLLM starts with
+    active: str | None = None  # the key of the artifact active in the root
     differences: tuple[FactorDifference, ...] = ()
     hashed_extra: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
@@ -142,17 +153,30 @@ class ServePlan:
         return self.active is None or any(d.recompiles for d in self.differences) or bool(self.hashed_extra)
 
     def to_json(self) -> dict:
-        return {"command": list(self.command), "env": dict(self.env.vars), "active": self.active,
-                "differences": [d.to_json() for d in self.differences], "hashed_extra": list(self.hashed_extra),
-                "predicted_miss": self.predicted_miss, "warnings": list(self.warnings)}
+        return {
+            "command": list(self.command),
+            "env": dict(self.env.vars),
+            "active": self.active,
+            "differences": [d.to_json() for d in self.differences],
+            "hashed_extra": list(self.hashed_extra),
+            "predicted_miss": self.predicted_miss,
+            "warnings": list(self.warnings),
+        }
 
     def shell(self) -> str:
         """The plan as a person would type it."""
         return self.env.render("shell") + " ".join(shlex.quote(a) for a in self.command) + "\n"
 
 
-def plan(recipe: Recipe, root: Path, extra: list[str] = (), *, env_file: EnvFile | None = None, offline: bool = False,
-         base: Mapping[str, str] | None = None) -> ServePlan:
+def plan(
+    recipe: Recipe,
+    root: Path,
+    extra: list[str] = (),
+    *,
+    env_file: EnvFile | None = None,
+    offline: bool = False,
+    base: Mapping[str, str] | None = None,
+) -> ServePlan:
     """Serve exactly what was warmed: the recipe's command, the env for the artifact active in root
     (plus an env file's values on top), and the check of vLLM's own key in that final env."""
     marker = restore.active(root)
@@ -162,9 +186,11 @@ def plan(recipe: Recipe, root: Path, extra: list[str] = (), *, env_file: EnvFile
         cold = cold_root(recipe, os.geteuid())
         cold.mkdir(mode=0o700, parents=True, exist_ok=True)
         restore.prepare(cold)
-        warnings.append(f"{root} is not writable by this user (uid {os.geteuid()}): {problem}; vLLM would crash on "
-                        f"its lock files there, so it starts cold in {cold}. "
-                        f"{restore.ownership_fix(root, os.geteuid())}")
+        warnings.append(
+            f"{root} is not writable by this user (uid {os.geteuid()}): {problem}; vLLM would crash on "
+            f"its lock files there, so it starts cold in {cold}. "
+            f"{restore.ownership_fix(root, os.geteuid())}"
+        )
         root, marker = cold, None
     env = artifact_env(recipe, root, marker.artifact, offline=offline) if marker else vllm_env(recipe, root)
     if env_file is not None:
@@ -173,16 +199,29 @@ def plan(recipe: Recipe, root: Path, extra: list[str] = (), *, env_file: EnvFile
     differences: tuple = ()
     if marker is not None:
         if marker.artifact.recipe.name != recipe.name:
-            warnings.append(f"the artifact active in {root} is recipe {marker.artifact.recipe.name}'s, not {recipe.name}'s")
+            warnings.append(
+                f"the artifact active in {root} is recipe {marker.artifact.recipe.name}'s, not {recipe.name}'s"
+            )
         if marker.artifact.vllm:
             differences = tuple(marker.artifact.vllm.differences(environ))
             warnings += [d.line() for d in differences]
     elif problem is None:  # an unwritable root is said above
-        warnings.append(f"no warmed cache is active in {root}: vLLM compiles from cold (slow start); see why in "
-                        "`warmer fetch`'s output (kubectl logs POD -c warmer-fetch), or run it first")
+        warnings.append(
+            f"no warmed cache is active in {root}: vLLM compiles from cold (slow start); see why in "
+            "`warmer fetch`'s output (kubectl logs POD -c warmer-fetch), or run it first"
+        )
     hashed = hashed_extra_flags(list(extra))
     if hashed:
-        warnings.append(f"extra flag(s) {', '.join(hashed)} are engine args vLLM hashes into its compile key, "
-                        "and not the warmed ones: put them in the recipe's [engine] and rebuild")
-    return ServePlan(tuple(command(recipe, list(extra))), env, environ, marker.artifact.key if marker else None,
-                     differences, tuple(hashed), tuple(warnings))
+        warnings.append(
+            f"extra flag(s) {', '.join(hashed)} are engine args vLLM hashes into its compile key, "
+            "and not the warmed ones: put them in the recipe's [engine] and rebuild"
+        )
+    return ServePlan(
+        tuple(command(recipe, list(extra))),
+        env,
+        environ,
+        marker.artifact.key if marker else None,
+        differences,
+        tuple(hashed),
+        tuple(warnings),
+    )

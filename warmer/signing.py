@@ -43,7 +43,7 @@ class Signature:
     signature: str  # base64
 
     @classmethod
-    def from_json(cls, doc: Any, where: str = "signature") -> "Signature | None":
+    def from_json(cls, doc: Any, where: str = "signature") -> Signature | None:
         if doc is None:
             return None
         f = Fields(doc, where)
@@ -70,8 +70,11 @@ def _load(path: str | Path, private: bool):
     except OSError as e:
         raise KeyFileError(f"cannot read the {kind} key {path}: {e.strerror}") from None
     try:
-        key = (serialization.load_pem_private_key(data, password=None) if private
-               else serialization.load_pem_public_key(data))
+        key = (
+            serialization.load_pem_private_key(data, password=None)
+            if private
+            else serialization.load_pem_public_key(data)
+        )
     except (ValueError, TypeError) as e:
         raise KeyFileError(f"{path}: not an unencrypted PEM {kind} key ({e})") from e
     wanted = ed25519.Ed25519PrivateKey if private else ed25519.Ed25519PublicKey
@@ -97,20 +100,21 @@ def verify(manifest: bytes, signature: Signature | None, trusted_keys: list[str 
     from cryptography.exceptions import InvalidSignature
 
     if signature is None:
-        raise SignatureError("the artifact is unsigned and trusted keys are configured: refused "
-                             "(publish it with --sign-key)")
+        raise SignatureError(
+            "the artifact is unsigned and trusted keys are configured: refused (publish it with --sign-key)"
+        )
     if signature.alg != ALG:
         raise SignatureError(f"signature algorithm {signature.alg!r} is not {ALG}")
     keys = {_key_id(k): k for k in (_load(p, private=False) for p in trusted_keys)}
     key = keys.get(signature.key_id)
     if key is None:
-        raise SignatureError(f"signed by key {signature.key_id}, which is not among the trusted keys "
-                             f"({', '.join(sorted(keys))})")
+        raise SignatureError(
+            f"signed by key {signature.key_id}, which is not among the trusted keys ({', '.join(sorted(keys))})"
+        )
     try:
         key.verify(base64.b64decode(signature.signature, validate=True), manifest)
     except (InvalidSignature, ValueError, binascii.Error) as e:
-        raise SignatureError(f"the signature of key {signature.key_id} does not match this artifact: "
-                             "refused") from e
+        raise SignatureError(f"the signature of key {signature.key_id} does not match this artifact: refused") from e
     return signature.key_id
 
 

@@ -28,8 +28,9 @@ def _tokenizer(out: Path):
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<unk>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=512, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     corpus = ["warm caches start fast; cold caches recompile what was already compiled."] * 64
     tok.train_from_iterator(corpus, trainer)
     tok.save(str(out / "tokenizer.json"))
@@ -56,10 +57,16 @@ def generate(out: Path, seed: int = 0) -> Path:
     tok = _tokenizer(out)
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=256, intermediate_size=512,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, tie_word_embeddings=False,
-        bos_token_id=tok.token_to_id("<s>"), eos_token_id=tok.token_to_id("</s>"),
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=tok.token_to_id("<s>"),
+        eos_token_id=tok.token_to_id("</s>"),
         torch_dtype="bfloat16",
     )
     return _save(LlamaForCausalLM(config).to(torch.bfloat16), out)
@@ -79,11 +86,23 @@ def generate_qwen3_moe(out: Path, seed: int = 0) -> Path:
     tok = _tokenizer(out)
     torch.manual_seed(seed)
     config = Qwen3MoeConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=256, intermediate_size=512, moe_intermediate_size=256,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-        max_position_embeddings=512, tie_word_embeddings=False,
-        bos_token_id=tok.token_to_id("<s>"), eos_token_id=tok.token_to_id("</s>"),
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=tok.token_to_id("<s>"),
+        eos_token_id=tok.token_to_id("</s>"),
         torch_dtype="bfloat16",
     )
     return _save(Qwen3MoeForCausalLM(config).to(torch.bfloat16), out)

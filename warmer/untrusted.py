@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from warmer.errors import UntrustedInput
 
 # Deeper than any document warmer writes (a fingerprint nests 4 levels, a recipe identity a few
 # more); json's C decoder would otherwise recurse until Python's limit and raise RecursionError.
 MAX_DEPTH = 64
-MAX_INT = 2 ** 63 - 1  # what fits an os.stat field or a file size
+MAX_INT = 2**63 - 1  # what fits an os.stat field or a file size
 
 
 class InvalidDocument(UntrustedInput):
@@ -46,14 +47,21 @@ def _check_depth(doc: Any, what: str) -> None:
         if depth > MAX_DEPTH:
             raise InvalidDocument(f"{what} nests deeper than {MAX_DEPTH} levels: refused")
         # A plain loop: a generator per container cost 0.03 s for an artifact of 11,000 files.
-        for v in (value.values() if isinstance(value, dict) else value):
+        for v in value.values() if isinstance(value, dict) else value:
             if isinstance(v, (dict, list)):
                 stack.append((v, depth + 1))
 
 
 def _kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
-            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+    return {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+        int: "an integer",
+        float: "a number",
+    }.get(type(value), type(value).__name__)
 
 
 class Fields:
@@ -79,13 +87,13 @@ class Fields:
         """A value of any JSON type (opaque data, e.g. a recipe's engine args)."""
         return self.doc.get(key, default)
 
-    def obj(self, key: str) -> "Fields":
+    def obj(self, key: str) -> Fields:
         value = self.doc.get(key, _MISSING)
         if not isinstance(value, dict):
             raise self._fail(key, "an object")
         return Fields(value, self._path(key))
 
-    def opt_obj(self, key: str) -> "Fields | None":
+    def opt_obj(self, key: str) -> Fields | None:
         return None if self.doc.get(key) is None else self.obj(key)
 
     def str(self, key: str, *, max_len: int = 1 << 16) -> str:
@@ -141,12 +149,12 @@ class Fields:
                 raise InvalidDocument(f"{fields._path(k)} must be a string, got {_kind(v)}")
         return dict(fields.doc)
 
-    def items(self, key: str) -> Iterable[tuple[str, "Fields"]]:
+    def items(self, key: str) -> Iterable[tuple[str, Fields]]:
         """The entries of an object whose values are objects."""
         fields = self.obj(key)
         return [(k, fields.obj(k)) for k in fields.doc]
 
-    def objs(self, key: str) -> list["Fields"]:
+    def objs(self, key: str) -> list[Fields]:
         """The entries of a list of objects."""
         return [Fields(v, f"{self._path(key)}[{i}]") for i, v in enumerate(self.list(key))]
 

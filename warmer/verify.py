@@ -33,6 +33,7 @@ def snapshot(root: Path) -> dict[str, tuple[int, int]]:
 @dataclass(frozen=True)
 class FileDelta:
     """Cache files a run created or rewrote, by component; lock files and scratch are ignored."""
+
     new: int
     rewritten: int
     by_component: dict[str, int] = field(hash=False)
@@ -43,8 +44,13 @@ class FileDelta:
         return self.new + self.rewritten
 
     def to_json(self) -> dict:
-        return {"new_files": self.new, "rewritten_files": self.rewritten, "recompiled_files": self.recompiled,
-                "by_component": dict(self.by_component), "examples": list(self.examples)}
+        return {
+            "new_files": self.new,
+            "rewritten_files": self.rewritten,
+            "recompiled_files": self.recompiled,
+            "by_component": dict(self.by_component),
+            "examples": list(self.examples),
+        }
 
 
 def delta(before: dict, after: dict) -> FileDelta:
@@ -65,9 +71,9 @@ def _ratio(cold: dict, warm: dict, name: str) -> float | None:
 
 @dataclass(frozen=True)
 class VerifyResult:
-    verdict: str                       # hit, partial
+    verdict: str  # hit, partial
     files: FileDelta
-    outside_root: tuple[dict, ...]     # files the run wrote outside the root ({path, bytes})
+    outside_root: tuple[dict, ...]  # files the run wrote outside the root ({path, bytes})
     log_recompiles: dict = field(hash=False)
     flashinfer_dry_run: dict = field(hash=False)
     log_events: dict = field(hash=False)
@@ -80,14 +86,29 @@ class VerifyResult:
         return {n: _ratio(self.cold, self.restored, n) for n in ("init_engine_s", "engine_init_s", "process_s")}
 
     def to_json(self) -> dict:
-        return {"verdict": self.verdict, "files": self.files.to_json(), "outside_root": list(self.outside_root),
-                "log_recompiles": self.log_recompiles, "flashinfer_dry_run": self.flashinfer_dry_run,
-                "log_events": self.log_events, "restored": self.restored, "cold": self.cold,
-                "speedup": self.speedup, "log": self.log}
+        return {
+            "verdict": self.verdict,
+            "files": self.files.to_json(),
+            "outside_root": list(self.outside_root),
+            "log_recompiles": self.log_recompiles,
+            "flashinfer_dry_run": self.flashinfer_dry_run,
+            "log_events": self.log_events,
+            "restored": self.restored,
+            "cold": self.cold,
+            "speedup": self.speedup,
+            "log": self.log,
+        }
 
 
-def verify(recipe: Recipe, root: Path, workdir: Path, cold: dict | None = None, label: str = "verify",
-           extra_env: dict | None = None, said_as: str = "verify") -> VerifyResult:
+def verify(
+    recipe: Recipe,
+    root: Path,
+    workdir: Path,
+    cold: dict | None = None,
+    label: str = "verify",
+    extra_env: dict | None = None,
+    said_as: str = "verify",
+) -> VerifyResult:
     """Run the engine on root once more and judge the hit; cold: the build's timings, if known.
     said_as: what the progress lines call this (build says "build: verify")."""
     warmup.require_model(recipe)
@@ -103,5 +124,14 @@ def verify(recipe: Recipe, root: Path, workdir: Path, cold: dict | None = None, 
     events = run.log["events"]
     recompiles = {e: events[e] for e in warmup.RECOMPILE_EVENTS if events.get(e)}
     hit = files.recompiled == 0 and not outside and not recompiles and ninja["clean"] is not False
-    return VerifyResult("hit" if hit else "partial", files, outside, recompiles, ninja, events,
-                        warmup.timings(run), cold or {}, str(run.log_path))
+    return VerifyResult(
+        "hit" if hit else "partial",
+        files,
+        outside,
+        recompiles,
+        ninja,
+        events,
+        warmup.timings(run),
+        cold or {},
+        str(run.log_path),
+    )

@@ -19,8 +19,8 @@ nothing, and the comparison says so. Node path: never imports vLLM.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from warmer.untrusted import Fields
 
@@ -32,13 +32,17 @@ class FactorDifference:
     name: str
     built: str | None
     here: str | None
-    recompiles: bool    # vLLM's key is in use in the artifact, so this start compiles from cold
+    recompiles: bool  # vLLM's key is in use in the artifact, so this start compiles from cold
 
     def line(self) -> str:
         def show(v: str | None) -> str:
             return "unset" if v is None else repr(v)
-        effect = ("this start recompiles" if self.recompiles else
-                  "but no cache in this artifact is keyed on vLLM's hash (AOT compile off): no recompile expected")
+
+        effect = (
+            "this start recompiles"
+            if self.recompiles
+            else "but no cache in this artifact is keyed on vLLM's hash (AOT compile off): no recompile expected"
+        )
         return f"{self.name}: build {show(self.built)}, here {show(self.here)}: vLLM hashes it, {effect}"
 
     def to_json(self) -> dict:
@@ -50,16 +54,24 @@ class VllmKey:
     version: str | None
     env: dict[str, str | None] = field(hash=False)  # factor name -> raw value at start (None: unset)
     config_hash: str | None = None
-    cache_dirs: tuple[str, ...] = ()   # root-relative compile-cache folders vLLM's key named
+    cache_dirs: tuple[str, ...] = ()  # root-relative compile-cache folders vLLM's key named
 
     @classmethod
-    def from_json(cls, f: Fields) -> "VllmKey":
-        return cls(version=f.opt_str("version", max_len=64), env=f.str_map("env", values_may_be_null=True),
-                   config_hash=f.opt_str("config_hash", max_len=128), cache_dirs=f.str_list("cache_dirs"))
+    def from_json(cls, f: Fields) -> VllmKey:
+        return cls(
+            version=f.opt_str("version", max_len=64),
+            env=f.str_map("env", values_may_be_null=True),
+            config_hash=f.opt_str("config_hash", max_len=128),
+            cache_dirs=f.str_list("cache_dirs"),
+        )
 
     def to_json(self) -> dict:
-        return {"version": self.version, "env": dict(self.env), "config_hash": self.config_hash,
-                "cache_dirs": list(self.cache_dirs)}
+        return {
+            "version": self.version,
+            "env": dict(self.env),
+            "config_hash": self.config_hash,
+            "cache_dirs": list(self.cache_dirs),
+        }
 
     @property
     def keyed(self) -> bool:
@@ -68,8 +80,11 @@ class VllmKey:
 
     def differences(self, env: Mapping[str, str]) -> list[FactorDifference]:
         """Every factor whose raw value in env (what vLLM will start with) differs from the build's."""
-        return [FactorDifference(name, built, env.get(name), self.keyed)
-                for name, built in sorted(self.env.items()) if env.get(name) != built]
+        return [
+            FactorDifference(name, built, env.get(name), self.keyed)
+            for name, built in sorted(self.env.items())
+            if env.get(name) != built
+        ]
 
 
 def cache_dirs(paths: list[str]) -> tuple[str, ...]:
@@ -79,7 +94,7 @@ def cache_dirs(paths: list[str]) -> tuple[str, ...]:
     for p in paths:
         if not p.startswith(prefix):
             continue
-        parts = p[len(prefix):].split("/")
+        parts = p[len(prefix) :].split("/")
         if parts[0] == "torch_aot_compile" and len(parts) > 2:
             found.add(f"{prefix}torch_aot_compile/{parts[1]}")
         elif len(parts) > 1 and parts[0] != "torch_aot_compile":

@@ -65,14 +65,29 @@ PHASE_MARKERS = (
     ("warm-up run", r"Warming up model for the compilation|Compiling a graph for|Directly load AOT compilation"),
     ("Dynamo trace", r"torchdynamo start tracing"),
     ("graph load or compile", r"torchdynamo done tracing|Dynamo bytecode transform time"),
-    ("warm-up run", r"done compiler function|Directly load the compiled graph|torch\.compile (?:and initial \S+ )?took"),
+    (
+        "warm-up run",
+        r"done compiler function|Directly load the compiled graph|torch\.compile (?:and initial \S+ )?took",
+    ),
     ("KV cache", r"Warming up done|Initial profiling/warmup run took"),
     ("CUDA graph capture", r"Capturing CUDA graphs"),
     ("KV cache", r"Graph capturing finished"),
     ("engine ready", r"init engine \(profile, create kv cache, warmup model\) took"),
 )
-PHASE_ORDER = ("import", "engine start", "weights", "model set-up", "Dynamo trace", "graph load or compile",
-               "warm-up run", "CUDA graph capture", "KV cache", "engine ready", "workload", "exit")
+PHASE_ORDER = (
+    "import",
+    "engine start",
+    "weights",
+    "model set-up",
+    "Dynamo trace",
+    "graph load or compile",
+    "warm-up run",
+    "CUDA graph capture",
+    "KV cache",
+    "engine ready",
+    "workload",
+    "exit",
+)
 # What a cache could still remove from each phase, as the report says it.
 PHASE_NOTES = {
     "import": "no: Python and vLLM import (bytecode is cached already)",
@@ -89,8 +104,13 @@ PHASE_NOTES = {
     "exit": "no: shutting the engine down",
 }
 _ARRIVAL = re.compile(r"^\[\+(\d+\.\d+)\] ", re.M)
-RECOMPILE_EVENTS = ("aot_load_failure", "graph_compiled", "aot_saved", "flashinfer_jit_build",
-                    "flashinfer_cubin_download")
+RECOMPILE_EVENTS = (
+    "aot_load_failure",
+    "graph_compiled",
+    "aot_saved",
+    "flashinfer_jit_build",
+    "flashinfer_cubin_download",
+)
 STAMP = r"(\d\d-\d\d \d\d:\d\d:\d\d)"
 SANDBOX_VARS = ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME")
 
@@ -101,7 +121,7 @@ def phases(text: str, result: dict | None = None, wall_s: float | None = None) -
     the end of LLM() and the workload. {} for a log without arrival times."""
     marks: list[tuple[float, str]] = []
     for m in _ARRIVAL.finditer(text):
-        line = text[m.end():text.find("\n", m.end())]
+        line = text[m.end() : text.find("\n", m.end())]
         for name, pattern in PHASE_MARKERS:
             if re.search(pattern, line):
                 marks.append((float(m.group(1)), name))
@@ -126,7 +146,7 @@ def phases(text: str, result: dict | None = None, wall_s: float | None = None) -
     workload_at = next((t for t, n in marks if n == "workload"), None)
     if workload_at is not None:
         marks = [(t, n) for t, n in marks if t < workload_at or n in ("workload", "exit")]
-    for (t, name), (t_next, _) in zip(marks, marks[1:] + [(end, "")]):
+    for (t, name), (t_next, _) in zip(marks, marks[1:] + [(end, "")], strict=True):
         if t_next > t:
             out[name] = round(out.get(name, 0.0) + t_next - t, 3)
     return out
@@ -152,8 +172,12 @@ def parse_log(text: str, result: dict | None = None, wall_s: float | None = None
 
 def sandbox_env(sandbox: Path) -> dict[str, str]:
     """HOME and the XDG dirs in a fresh directory: where a library's default cache would land."""
-    return {"HOME": str(sandbox), "XDG_CACHE_HOME": str(sandbox / ".cache"),
-            "XDG_CONFIG_HOME": str(sandbox / ".config"), "XDG_DATA_HOME": str(sandbox / ".local" / "share")}
+    return {
+        "HOME": str(sandbox),
+        "XDG_CACHE_HOME": str(sandbox / ".cache"),
+        "XDG_CONFIG_HOME": str(sandbox / ".config"),
+        "XDG_DATA_HOME": str(sandbox / ".local" / "share"),
+    }
 
 
 def census(root: Path, sandbox: Path | None) -> tuple[dict, ...]:
@@ -166,8 +190,11 @@ def census(root: Path, sandbox: Path | None) -> tuple[dict, ...]:
             continue
         out.append({"path": str(root / rel), "bytes": size, "where": "root"})
     if sandbox is not None:
-        out += [{"path": str(sandbox / rel), "bytes": size, "where": "home"} for rel, size in _files(sandbox)
-                if not components.junk(rel)]
+        out += [
+            {"path": str(sandbox / rel), "bytes": size, "where": "home"}
+            for rel, size in _files(sandbox)
+            if not components.junk(rel)
+        ]
     return tuple(out)
 
 
@@ -185,12 +212,12 @@ def _files(base: Path) -> list[tuple[str, int]]:
 
 @dataclass(frozen=True)
 class EngineRun:
-    result: dict = field(hash=False)   # what the child measured (import, engine init, workload, vLLM's key)
-    log: dict = field(hash=False)      # parse_log of its output
-    wall_s: float                      # process start to exit
+    result: dict = field(hash=False)  # what the child measured (import, engine init, workload, vLLM's key)
+    log: dict = field(hash=False)  # parse_log of its output
+    wall_s: float  # process start to exit
     log_path: Path
     sandbox: Path
-    uncovered: tuple[dict, ...] = ()   # census after the run
+    uncovered: tuple[dict, ...] = ()  # census after the run
 
     def vllm_key(self, root: Path) -> vllmkey.VllmKey | None:
         """What vLLM hashed in this run, with the compile-cache folders its key named in root."""
@@ -198,8 +225,7 @@ class EngineRun:
         if not vk:
             return None
         files = [rel for rel, _ in _files(root)]
-        return vllmkey.VllmKey(vk.get("version"), vk.get("env") or {}, vk.get("config_hash"),
-                               vllmkey.cache_dirs(files))
+        return vllmkey.VllmKey(vk.get("version"), vk.get("env") or {}, vk.get("config_hash"), vllmkey.cache_dirs(files))
 
 
 def engine_log(workdir: Path, label: str) -> Path:
@@ -211,12 +237,17 @@ def require_model(recipe: Recipe) -> None:
     """A served model path that is not on this machine, refused before an engine starts: vLLM would
     take it for a hub id and fail with a traceback after seconds of start-up."""
     if os.path.isabs(recipe.model) and not os.path.exists(recipe.model):
-        fetch = (f" (e.g. `huggingface-cli download {recipe.model_id}"
-                 f"{' --revision ' + recipe.revision if recipe.revision else ''} --local-dir {recipe.model}`)"
-                 if recipe.model_id else "")
-        raise UsageError(f"the model path {recipe.model} (model.path in {recipe.source}) does not exist on this "
-                         f"machine: put the model's files there{fetch}, or fix model.path (the path nodes serve "
-                         "it from: vLLM keys its compile cache on it)")
+        fetch = (
+            f" (e.g. `huggingface-cli download {recipe.model_id}"
+            f"{' --revision ' + recipe.revision if recipe.revision else ''} --local-dir {recipe.model}`)"
+            if recipe.model_id
+            else ""
+        )
+        raise UsageError(
+            f"the model path {recipe.model} (model.path in {recipe.source}) does not exist on this "
+            f"machine: put the model's files there{fetch}, or fix model.path (the path nodes serve "
+            "it from: vLLM keys its compile cache on it)"
+        )
 
 
 def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_env: dict | None = None) -> EngineRun:
@@ -237,16 +268,26 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
         spec["engine"].setdefault("revision", recipe.revision)
     spec_path.write_text(json.dumps(spec, indent=1))
     result_path.unlink(missing_ok=True)
-    env = {**serving.environ_for_vllm(recipe, root), **sandbox_env(sandbox), "VLLM_NO_USAGE_STATS": "1",
-           "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    env = {
+        **serving.environ_for_vllm(recipe, root),
+        **sandbox_env(sandbox),
+        "VLLM_NO_USAGE_STATS": "1",
+        "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
+    }
     # torch's Dynamo says when it starts and ends tracing each frame (INFO lines, a few per graph):
     # the restored start's phases need them. Logging only: not in any compile key (vLLM hashes
     # VLLM_* factors, Inductor its configs).
     env.setdefault("TORCH_LOGS", os.environ.get("TORCH_LOGS") or "dynamo")
     t0 = time.perf_counter()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "warmer.workload", str(spec_path), str(result_path)],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "warmer.workload", str(spec_path), str(result_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         stamper = threading.Thread(target=_stamp_lines, args=(proc.stdout, log, t0), daemon=True)
         stamper.start()
         try:
@@ -254,8 +295,9 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            raise WarmupError(f"{label}: the engine ran past workload.timeout_s={recipe.workload.timeout_s}; "
-                              f"log: {log_path}") from None
+            raise WarmupError(
+                f"{label}: the engine ran past workload.timeout_s={recipe.workload.timeout_s}; log: {log_path}"
+            ) from None
         finally:
             # vLLM's spawned workers must not outlive the run, however it ends.
             try:
@@ -286,8 +328,11 @@ def _stamp_lines(pipe, log, t0: float) -> None:
 def timings(run: EngineRun) -> dict:
     """One record of a run's timings, for artifact.json and reports: seconds by name, and the
     start's phases (phases()) when the log told them."""
-    out = {"process_s": run.wall_s, **{k: v for k, v in run.result.items() if not isinstance(v, (dict, list))},
-           **run.log["timings"]}
+    out = {
+        "process_s": run.wall_s,
+        **{k: v for k, v in run.result.items() if not isinstance(v, (dict, list))},
+        **run.log["timings"],
+    }
     if run.log.get("phases"):
         out["phases"] = run.log["phases"]
     return out

@@ -31,8 +31,11 @@ def vllm_key(llm, env_at_start: dict) -> dict:
         config_hash = llm.llm_engine.vllm_config.compute_hash()
     except Exception:  # an engine without the attribute: the factors still tell most of the story
         config_hash = None
-    return {"version": getattr(vllm, "__version__", None), "config_hash": config_hash,
-            "env": {name: env_at_start.get(name) for name in names}}
+    return {
+        "version": getattr(vllm, "__version__", None),
+        "config_hash": config_hash,
+        "env": {name: env_at_start.get(name) for name in names},
+    }
 
 
 def run(spec: dict) -> dict:
@@ -52,12 +55,13 @@ def run(spec: dict) -> dict:
     low, high = min(10, vocab - 1), max(11, vocab - 1)
     requests = tokens = 0
     for sampling in work["sampling"]:
-        params = SamplingParams(max_tokens=work["max_tokens"], ignore_eos=True,
-                                **sampling)
+        params = SamplingParams(max_tokens=work["max_tokens"], ignore_eos=True, **sampling)
         for batch in work["batch_sizes"]:
             for length in work["prompt_lengths"]:
-                prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(low, high) for _ in range(length)])
-                           for _ in range(batch)]
+                prompts = [
+                    TokensPrompt(prompt_token_ids=[rng.randrange(low, high) for _ in range(length)])
+                    for _ in range(batch)
+                ]
                 outputs = llm.generate(prompts, params, use_tqdm=False)
                 requests += len(outputs)
                 tokens += sum(len(o.outputs[0].token_ids) for o in outputs)

@@ -16,12 +16,12 @@ ALWAYS_EXCLUDED = ("*.lock", "locks/*", "*/locks/*", "*.tmp", "*.tmp.*", "*.part
 @dataclass(frozen=True)
 class Component:
     name: str
-    subdir: str                         # directory under the root
-    env: tuple[tuple[str, str], ...]    # (VAR, path under the root) pairs
+    subdir: str  # directory under the root
+    env: tuple[tuple[str, str], ...]  # (VAR, path under the root) pairs
     about: str
-    include: tuple[str, ...] = ("*",)   # patterns on the path relative to subdir
+    include: tuple[str, ...] = ("*",)  # patterns on the path relative to subdir
     exclude: tuple[str, ...] = ()
-    relocatable: bool = True            # hits after a restore under another root path
+    relocatable: bool = True  # hits after a restore under another root path
     # Where each env var's cache lands when the var is unset, as the library computes it: templates
     # over {home}, {xdg} (XDG_CACHE_HOME or ~/.cache), {tmp} (TMPDIR or /tmp), {user}, {triton_home},
     # {fi_base} (FLASHINFER_WORKSPACE_BASE or ~). doctor shows where a pod's caches really go.
@@ -41,7 +41,9 @@ class Component:
     def leaves_out(self, rel: str) -> bool:
         """Whether rel is under this component and left out on purpose (a log, a lock, scratch)."""
         head, _, inner = rel.partition("/")
-        return head == self.subdir and bool(inner) and bool(_patterns((), self.exclude + ALWAYS_EXCLUDED)[1].match(inner))
+        return (
+            head == self.subdir and bool(inner) and bool(_patterns((), self.exclude + ALWAYS_EXCLUDED)[1].match(inner))
+        )
 
     def files(self, root: Path) -> list[str]:
         """Regular files under subdir that the rules take, in a stable order (a directory's files, then
@@ -72,9 +74,11 @@ def junk(rel: str) -> bool:
     return bool(_patterns((), ALWAYS_EXCLUDED)[1].match(rel) or _patterns((), ALWAYS_EXCLUDED)[1].match(name))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _patterns(include: tuple[str, ...], exclude: tuple[str, ...]) -> tuple[re.Pattern, re.Pattern]:
     """fnmatch's rules as two compiled regexes: one match per path instead of one per pattern."""
+
     def union(patterns):
         return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns) or "(?!)")
+
     return union(include), union(exclude)

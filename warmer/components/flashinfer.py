@@ -17,14 +17,18 @@ CACHE = ".cache/flashinfer"  # under FLASHINFER_WORKSPACE_BASE
 COMPONENT = Component(
     name="flashinfer",
     subdir="flashinfer",
-    env=(("FLASHINFER_WORKSPACE_BASE", "flashinfer"),
-         ("FLASHINFER_AUTOTUNE_CACHE_DIR", f"flashinfer/{CACHE}/autotune")),
+    env=(
+        ("FLASHINFER_WORKSPACE_BASE", "flashinfer"),
+        ("FLASHINFER_AUTOTUNE_CACHE_DIR", f"flashinfer/{CACHE}/autotune"),
+    ),
     about="JIT modules (cached_ops, generated), cubins, autotune",
     # The log is reopened by every import; cached_ops/tmp holds the per-module locks.
     exclude=("*/flashinfer_jit.log", "*/cached_ops/tmp/*"),
     relocatable=False,
-    defaults=(("FLASHINFER_WORKSPACE_BASE", "{home}"),
-              ("FLASHINFER_AUTOTUNE_CACHE_DIR", "{fi_base}/.cache/flashinfer/autotune")),
+    defaults=(
+        ("FLASHINFER_WORKSPACE_BASE", "{home}"),
+        ("FLASHINFER_AUTOTUNE_CACHE_DIR", "{fi_base}/.cache/flashinfer/autotune"),
+    ),
 )
 
 CUBINS = f"{COMPONENT.subdir}/{CACHE}/cubins/"  # what FlashInfer downloaded, root-relative
@@ -40,10 +44,23 @@ B12X = Component(
 )
 
 # Variables that change a JIT module's compile command, so a change makes ninja rebuild.
-COMPILE_ENV = ("CUDA_HOME", "CUDA_PATH", "CC", "CXX", "FLASHINFER_NVCC", "FLASHINFER_NVCC_LAUNCHER",
-               "FLASHINFER_CXX_LAUNCHER", "FLASHINFER_EXTRA_CFLAGS", "FLASHINFER_EXTRA_CUDAFLAGS",
-               "FLASHINFER_EXTRA_LDFLAGS", "FLASHINFER_NVCC_THREADS", "FLASHINFER_JIT_DEBUG",
-               "FLASHINFER_JIT_VERBOSE", "FLASHINFER_JIT_LINEINFO", "FLASHINFER_CUDA_ARCH_LIST")
+COMPILE_ENV = (
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CC",
+    "CXX",
+    "FLASHINFER_NVCC",
+    "FLASHINFER_NVCC_LAUNCHER",
+    "FLASHINFER_CXX_LAUNCHER",
+    "FLASHINFER_EXTRA_CFLAGS",
+    "FLASHINFER_EXTRA_CUDAFLAGS",
+    "FLASHINFER_EXTRA_LDFLAGS",
+    "FLASHINFER_NVCC_THREADS",
+    "FLASHINFER_JIT_DEBUG",
+    "FLASHINFER_JIT_VERBOSE",
+    "FLASHINFER_JIT_LINEINFO",
+    "FLASHINFER_CUDA_ARCH_LIST",
+)
 
 
 def modules(root: Path) -> list[Path]:

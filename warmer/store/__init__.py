@@ -30,8 +30,22 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 # far beyond any real cache, and keeps a hostile entry from being read whole into memory.
 MAX_INDEX_BYTES = 64 << 20
 
-__all__ = ["Blob", "BlobCorrupt", "BlobMissing", "BlobStream", "HEX64", "MAX_INDEX_BYTES", "NAME", "Store", "StoreError",
-           "blob_path", "index_path", "open_store", "parse_blob_path", "parse_index_path"]
+__all__ = [
+    "Blob",
+    "BlobCorrupt",
+    "BlobMissing",
+    "BlobStream",
+    "HEX64",
+    "MAX_INDEX_BYTES",
+    "NAME",
+    "Store",
+    "StoreError",
+    "blob_path",
+    "index_path",
+    "open_store",
+    "parse_blob_path",
+    "parse_index_path",
+]
 
 
 class NotARegularFile(UntrustedInput):
@@ -64,7 +78,7 @@ def parse_index_path(rel: str) -> tuple[str, str] | None:
     """(recipe, key) of an index path, or None for anything else found under index/."""
     parts = rel.split("/")
     if len(parts) == 3 and parts[0] == "index" and parts[2].endswith(".json"):
-        recipe, key = parts[1], parts[2][:-len(".json")]
+        recipe, key = parts[1], parts[2][: -len(".json")]
         if NAME.match(recipe) and HEX64.match(key):
             return recipe, key
     return None
@@ -74,7 +88,7 @@ def parse_blob_path(rel: str) -> str | None:
     """The sha256 of a blob path, or None for anything else found under blobs/."""
     parts = rel.split("/")
     if len(parts) == 4 and parts[:2] == ["blobs", "sha256"] and parts[3].endswith(".tar.zst"):
-        sha = parts[3][:-len(".tar.zst")]
+        sha = parts[3][: -len(".tar.zst")]
         if HEX64.match(sha) and parts[2] == sha[:2]:
             return sha
     return None
@@ -100,16 +114,20 @@ class Store(abc.ABC):
     def put_index(self, recipe: str, key: str, entry: bytes) -> bool:
         """Create the index entry only if it is absent; False: another publisher was first."""
         if len(entry) > MAX_INDEX_BYTES:
-            raise StoreError(f"index entry {recipe}/{key} is {len(entry)} bytes, over the {MAX_INDEX_BYTES} "
-                             "bytes nodes accept: the artifact lists too many files")
+            raise StoreError(
+                f"index entry {recipe}/{key} is {len(entry)} bytes, over the {MAX_INDEX_BYTES} "
+                "bytes nodes accept: the artifact lists too many files"
+            )
         return self._create_index(index_path(recipe, key), entry)
 
     def get_index(self, recipe: str, key: str) -> bytes | None:
         """The entry's bytes, or None when there is none; at most MAX_INDEX_BYTES are read."""
         data = self._read_index(index_path(recipe, key), MAX_INDEX_BYTES + 1)
         if data is not None and len(data) > MAX_INDEX_BYTES:
-            raise IndexTooLarge(f"index entry {recipe}/{key} in {self.url} is larger than {MAX_INDEX_BYTES} "
-                                "bytes: refused (not written by warmer); remove it with `warmer rm`")
+            raise IndexTooLarge(
+                f"index entry {recipe}/{key} in {self.url} is larger than {MAX_INDEX_BYTES} "
+                "bytes: refused (not written by warmer); remove it with `warmer rm`"
+            )
         return data
 
     def prepare(self) -> None:
@@ -156,8 +174,15 @@ class Store(abc.ABC):
     def delete_blob(self, sha256: str) -> None: ...
 
 
-def open_store(url: str, *, endpoint_url: str | None = None, path_style: bool | None = None,
-               progress: bool = False, insecure_registry: bool = False, deadline: Deadline | None = None) -> Store:
+def open_store(
+    url: str,
+    *,
+    endpoint_url: str | None = None,
+    path_style: bool | None = None,
+    progress: bool = False,
+    insecure_registry: bool = False,
+    deadline: Deadline | None = None,
+) -> Store:
     """file:///abs/dir (or a plain absolute directory path), s3://bucket[/prefix], or
     oci://registry/repository. A URL that names no store is the operator's mistake: UsageError,
     before anything is read (a fetch would otherwise take it for a miss on every pod).
@@ -186,9 +211,11 @@ def open_store(url: str, *, endpoint_url: str | None = None, path_style: bool | 
     from warmer.store.file import FileStore
 
     if url.startswith("file://"):
-        return FileStore(url[len("file://"):], deadline=deadline)
+        return FileStore(url[len("file://") :], deadline=deadline)
     if "://" not in url:
         return FileStore(url, deadline=deadline)
     scheme = url.split("://", 1)[0]
-    raise UsageError(f"store {url!r}: scheme {scheme}:// is not supported; "
-                     "use file:///path/to/dir, s3://bucket/prefix or oci://registry/repository")
+    raise UsageError(
+        f"store {url!r}: scheme {scheme}:// is not supported; "
+        "use file:///path/to/dir, s3://bucket/prefix or oci://registry/repository"
+    )

@@ -12,14 +12,25 @@ import os
 import stat
 import tempfile
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
 from warmer.deadline import Deadline, unbounded
 from warmer.errors import UsageError
-from warmer.store import (Blob, BlobCorrupt, BlobMissing, BlobStream, NotARegularFile, Store, StoreError, blob_path,
-                          index_path, parse_blob_path, parse_index_path)
+from warmer.store import (
+    Blob,
+    BlobCorrupt,
+    BlobMissing,
+    BlobStream,
+    NotARegularFile,
+    Store,
+    StoreError,
+    blob_path,
+    index_path,
+    parse_blob_path,
+    parse_index_path,
+)
 
 CHUNK = 1 << 20
 MiB = 1 << 20
@@ -33,13 +44,17 @@ def open_regular(path: str | os.PathLike, what: str) -> BinaryIO | None:
         return None
     except OSError as e:
         if e.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
-            raise NotARegularFile(f"{what} at {path} is a symlink: refused (a store holds regular files only)") from None
+            raise NotARegularFile(
+                f"{what} at {path} is a symlink: refused (a store holds regular files only)"
+            ) from None
         raise StoreError(f"cannot read {what} at {path}: {e.strerror}") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise NotARegularFile(f"{what} at {path} is not a regular file (mode {stat.filemode(st.st_mode)}): refused; "
-                              "remove it from the store")
+        raise NotARegularFile(
+            f"{what} at {path} is not a regular file (mode {stat.filemode(st.st_mode)}): refused; "
+            "remove it from the store"
+        )
     os.set_blocking(fd, True)
     return open(fd, "rb")
 
@@ -59,8 +74,10 @@ class FileStore(Store):
         """A store directory that is not there is a wrong URL or an unmounted share, not an empty
         store: said as S3 says a missing bucket. Publishing creates it."""
         if not self.base.is_dir():
-            raise StoreError(f"store directory {self.base} does not exist (or is not a directory): fix the store "
-                             "URL or mount the share; `warmer publish` creates it")
+            raise StoreError(
+                f"store directory {self.base} does not exist (or is not a directory): fix the store "
+                "URL or mount the share; `warmer publish` creates it"
+            )
 
     def _blob(self, sha256: str) -> Path:
         return self.base / blob_path(sha256)
@@ -94,6 +111,7 @@ class FileStore(Store):
             with open(path, "rb") as src:
                 while chunk := src.read(CHUNK):
                     out.write(chunk)
+
         self._create_once(self._blob(sha256), copy)
 
     def stream_blob(self, sha256: str, size: int | None = None) -> BlobStream:
@@ -101,19 +119,30 @@ class FileStore(Store):
         hashed on the way: one pass over the file for both the digest and the extraction."""
         f = open_regular(self._blob(sha256), f"blob {sha256[:16]}")
         if f is None:
-            raise BlobMissing(f"blob {sha256} is missing from {self.url}: the store is damaged; "
-                              "publish the artifact again")
+            raise BlobMissing(
+                f"blob {sha256} is missing from {self.url}: the store is damaged; publish the artifact again"
+            )
         try:
             fd = f.fileno()
             total = os.fstat(fd).st_size
             if size is not None and size != total:
-                raise BlobCorrupt(f"blob {sha256} in {self.url} is {total} bytes, its index entry says {size}: "
-                                  "not used")
+                raise BlobCorrupt(
+                    f"blob {sha256} in {self.url} is {total} bytes, its index entry says {size}: not used"
+                )
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             # A local file does not change by being read again: one attempt.
-            return BlobStream(sha256, lambda start, end: _Pread(fd, start, end, total), size=total, where=self.url,
-                              part_size=4 * MiB, threads=2, window_bytes=16 * MiB, attempts=1, on_close=f.close,
-                              deadline=self.deadline)
+            return BlobStream(
+                sha256,
+                lambda start, end: _Pread(fd, start, end, total),
+                size=total,
+                where=self.url,
+                part_size=4 * MiB,
+                threads=2,
+                window_bytes=16 * MiB,
+                attempts=1,
+                on_close=f.close,
+                deadline=self.deadline,
+            )
         except BaseException:
             f.close()
             raise
@@ -143,7 +172,7 @@ class FileStore(Store):
             sha = parse_blob_path(f.relative_to(self.base).as_posix())
             st = f.lstat()
             if sha and stat.S_ISREG(st.st_mode):
-                out.append(Blob(sha, st.st_size, datetime.fromtimestamp(st.st_mtime, timezone.utc)))
+                out.append(Blob(sha, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC)))
         return out
 
     def delete_index(self, recipe: str, key: str) -> None:
@@ -162,7 +191,7 @@ class _Pread:
         self.fd, self.pos, self.end, self.total = fd, start, min(end, total), total
 
     def readinto(self, view: memoryview) -> int:
-        n = os.preadv(self.fd, [view[:self.end - self.pos]], self.pos) if self.pos < self.end else 0
+        n = os.preadv(self.fd, [view[: self.end - self.pos]], self.pos) if self.pos < self.end else 0
         self.pos += n
         return n
 

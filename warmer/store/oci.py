@@ -100,15 +100,25 @@ import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from warmer.deadline import Deadline, unbounded
 from warmer.errors import UsageError
-from warmer.store import (HEX64, NAME, Blob, BlobCorrupt, BlobMissing, BlobStream, IndexTooLarge, Store,
-                          StoreError, parse_index_path)
-from warmer.store.stream import Cut
+from warmer.store import (
+    HEX64,
+    NAME,
+    Blob,
+    BlobCorrupt,
+    BlobMissing,
+    BlobStream,
+    IndexTooLarge,
+    Store,
+    StoreError,
+    parse_index_path,
+)
 from warmer.store.progress import Progress
+from warmer.store.stream import Cut
 
 MiB = 1 << 20
 
@@ -120,15 +130,20 @@ AUDIT_TYPE = "application/vnd.warmer.audit.v1"
 AUDIT_CONFIG_TYPE = "application/vnd.warmer.audit.v1+json"
 EMPTY_TYPE = "application/vnd.oci.empty.v1+json"  # OCI 1.1's layer for an artifact without one
 EMPTY = b"{}"
-ACCEPT = ", ".join([MANIFEST_TYPE, "application/vnd.oci.image.index.v1+json",
-                    "application/vnd.docker.distribution.manifest.v2+json",
-                    "application/vnd.docker.distribution.manifest.list.v2+json"])
+ACCEPT = ", ".join(
+    [
+        MANIFEST_TYPE,
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+    ]
+)
 
 ANN_RECIPE = "vnd.warmer.recipe"
 ANN_KEY = "vnd.warmer.key"
 ANN_SIGNATURE = "vnd.warmer.signature"
 ANN_SCHEMA = "vnd.warmer.entry-schema"
-ANN_EXTRA = "vnd.warmer.entry-extra"   # index entry fields this version does not know, kept as JSON
+ANN_EXTRA = "vnd.warmer.entry-extra"  # index entry fields this version does not know, kept as JSON
 ANN_AUDIT = "vnd.warmer.audit"
 ANN_CREATED = "org.opencontainers.image.created"
 ANN_TITLE = "org.opencontainers.image.title"
@@ -164,8 +179,10 @@ def _dropped(pairs) -> None:
 def index_tag(recipe: str, key: str) -> str:
     tag = f"{recipe}--{key[:16]}"
     if not TAG.match(tag):  # unreachable while recipe names follow NAME; see the module's doc
-        raise StoreError(f"recipe name {recipe!r} cannot be part of an OCI tag ({tag!r} breaks the tag grammar "
-                         "[A-Za-z0-9_][A-Za-z0-9._-]{0,127}): rename the recipe")
+        raise StoreError(
+            f"recipe name {recipe!r} cannot be part of an OCI tag ({tag!r} breaks the tag grammar "
+            "[A-Za-z0-9_][A-Za-z0-9._-]{0,127}): rename the recipe"
+        )
     return tag
 
 
@@ -173,12 +190,12 @@ def audit_tag(name: str) -> str:
     clean = re.sub(r"[^A-Za-z0-9._-]", "_", name)
     tag = AUDIT_PREFIX + clean
     if len(tag) > 128 or clean != name:
-        tag = f"{tag[:128 - 13]}-{hashlib.sha256(name.encode()).hexdigest()[:12]}"
+        tag = f"{tag[: 128 - 13]}-{hashlib.sha256(name.encode()).hexdigest()[:12]}"
     return tag
 
 
 def is_loopback(host: str) -> bool:
-    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host[1:host.index("]")]
+    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host[1 : host.index("]")]
     if name == "localhost":
         return True
     try:
@@ -201,6 +218,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 # -- credentials ------------------------------------------------------------------------------------
+
 
 def _auth_files() -> list[Path]:
     """Where docker, podman and oras keep registry credentials, in the order they look."""
@@ -225,8 +243,14 @@ def _same_registry(name: str, host: str) -> bool:
 class Credentials:
     """Where credentials for one registry came from (for messages), and what they are."""
 
-    def __init__(self, source: str, username: str | None = None, secret: str | None = None,
-                 identity_token: str | None = None, registry_token: str | None = None):
+    def __init__(
+        self,
+        source: str,
+        username: str | None = None,
+        secret: str | None = None,
+        identity_token: str | None = None,
+        registry_token: str | None = None,
+    ):
         self.source, self.username, self.secret = source, username, secret
         self.identity_token, self.registry_token = identity_token, registry_token
 
@@ -241,19 +265,22 @@ def _helper(name: str, host: str, source: str) -> Credentials | None:
     try:
         out = subprocess.run([binary, "get"], input=host.encode(), capture_output=True, timeout=60)
     except FileNotFoundError:
-        raise StoreError(f"credential helper {binary}, named in {source}, is not on PATH: install it, or "
-                         "remove credsStore/credHelpers from that file") from None
+        raise StoreError(
+            f"credential helper {binary}, named in {source}, is not on PATH: install it, or "
+            "remove credsStore/credHelpers from that file"
+        ) from None
     except subprocess.TimeoutExpired:
-        raise StoreError(f"credential helper {binary} (named in {source}) did not answer in 60 s: "
-                         "check that it works with `echo HOST | {binary} get`") from None
+        raise StoreError(
+            f"credential helper {binary} (named in {source}) did not answer in 60 s: "
+            "check that it works with `echo HOST | {binary} get`"
+        ) from None
     if out.returncode != 0:
         return None  # "credentials not found in native keychain": none for this registry
     try:
         doc = json.loads(out.stdout)
         user, secret = doc["Username"], doc["Secret"]
     except (ValueError, KeyError, TypeError):
-        raise StoreError(f"credential helper {binary} answered something other than its JSON: "
-                         "update it") from None
+        raise StoreError(f"credential helper {binary} answered something other than its JSON: update it") from None
     where = f"{binary} (from {source})"
     if user == "<token>":  # docker's convention for an identity (refresh) token
         return Credentials(where, identity_token=secret)
@@ -267,8 +294,10 @@ def find_credentials(host: str) -> Credentials | None:
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as e:
-            raise StoreError(f"cannot read registry credentials from {path} ({type(e).__name__}): fix the file, "
-                             "or point DOCKER_CONFIG / REGISTRY_AUTH_FILE elsewhere") from None
+            raise StoreError(
+                f"cannot read registry credentials from {path} ({type(e).__name__}): fix the file, "
+                "or point DOCKER_CONFIG / REGISTRY_AUTH_FILE elsewhere"
+            ) from None
         if not isinstance(doc, dict):
             continue
         for name, helper in (doc.get("credHelpers") or {}).items():
@@ -284,8 +313,10 @@ def find_credentials(host: str) -> Credentials | None:
                 try:
                     user, _, secret = base64.b64decode(entry["auth"]).decode().partition(":")
                 except (ValueError, UnicodeDecodeError):
-                    raise StoreError(f"the auth of {name} in {path} is not base64 of user:password: "
-                                     "log in again (docker login / oras login)") from None
+                    raise StoreError(
+                        f"the auth of {name} in {path} is not base64 of user:password: "
+                        "log in again (docker login / oras login)"
+                    ) from None
             if user or entry.get("identitytoken") or entry.get("registrytoken"):
                 return Credentials(str(path), user, secret, entry.get("identitytoken"), entry.get("registrytoken"))
         if doc.get("credsStore"):
@@ -303,7 +334,7 @@ def _challenge(header: str) -> tuple[str, dict[str, str]]:
 class Auth:
     """The Authorization header to send, renewed on a challenge; shared by the transfer threads."""
 
-    def __init__(self, store: "OCIStore"):
+    def __init__(self, store: OCIStore):
         self.store = store
         self._lock = threading.Lock()
         self._loaded = False
@@ -333,8 +364,11 @@ class Auth:
                 self.header = creds.basic()
             elif scheme == "bearer":
                 scopes = (params.get("scope") or "").split()
-                if params.get("error") == "insufficient_scope" and (self.header or "").startswith("Bearer ") \
-                        and all(s in self._scopes for s in scopes):
+                if (
+                    params.get("error") == "insufficient_scope"
+                    and (self.header or "").startswith("Bearer ")
+                    and all(s in self._scopes for s in scopes)
+                ):
                     return False  # the token endpoint granted less than this request needs
                 if creds and creds.registry_token and self.header != "Bearer " + creds.registry_token:
                     self.header = "Bearer " + creds.registry_token
@@ -350,44 +384,63 @@ class Auth:
         realm = params.get("realm", "")
         parsed = urllib.parse.urlsplit(realm)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise StoreError(f"registry {self.store.host} named no usable token endpoint ({realm!r}): "
-                             "check the registry's auth configuration")
+            raise StoreError(
+                f"registry {self.store.host} named no usable token endpoint ({realm!r}): "
+                "check the registry's auth configuration"
+            )
         if parsed.scheme == "http" and not (self.store.insecure or is_loopback(parsed.netloc)):
-            raise StoreError(f"registry {self.store.host} asks for credentials to be sent to {realm} over plain "
-                             "HTTP: refused; serve the token endpoint over HTTPS, or pass --insecure-registry")
+            raise StoreError(
+                f"registry {self.store.host} asks for credentials to be sent to {realm} over plain "
+                "HTTP: refused; serve the token endpoint over HTTPS, or pass --insecure-registry"
+            )
         creds = self.credentials()
         query = [("service", params["service"])] if params.get("service") else []
         query += [("scope", s) for s in self._scopes]
         session = self.store.session
         try:
             if creds and creds.identity_token:
-                resp = session.post(realm, data=[("grant_type", "refresh_token"), ("client_id", "warmer"),
-                                                 ("refresh_token", creds.identity_token), *query], timeout=self.store._timeouts())
+                resp = session.post(
+                    realm,
+                    data=[
+                        ("grant_type", "refresh_token"),
+                        ("client_id", "warmer"),
+                        ("refresh_token", creds.identity_token),
+                        *query,
+                    ],
+                    timeout=self.store._timeouts(),
+                )
             else:
                 headers = {"Authorization": creds.basic()} if creds and creds.basic() else {}
                 resp = session.get(realm, params=query, headers=headers, timeout=self.store._timeouts())
         except self.store.requests.RequestException as e:
-            raise StoreError(f"cannot reach the token endpoint {realm} of {self.store.host} "
-                             f"({type(e).__name__}): check the network") from None
+            raise StoreError(
+                f"cannot reach the token endpoint {realm} of {self.store.host} ({type(e).__name__}): check the network"
+            ) from None
         if resp.status_code in (401, 403):
             if creds is None:
-                raise StoreError(f"registry {self.store.host} asks for credentials and none were found: "
-                                 f"{self.store.login_hint()}")
-            raise StoreError(f"registry {self.store.host} rejected the credentials from {creds.source} "
-                             f"({resp.status_code} from its token endpoint): log in again "
-                             f"(docker login {self.store.host}), or fix that file")
+                raise StoreError(
+                    f"registry {self.store.host} asks for credentials and none were found: {self.store.login_hint()}"
+                )
+            raise StoreError(
+                f"registry {self.store.host} rejected the credentials from {creds.source} "
+                f"({resp.status_code} from its token endpoint): log in again "
+                f"(docker login {self.store.host}), or fix that file"
+            )
         try:
             doc = resp.json()
             token = doc.get("token") or doc.get("access_token")
             if resp.status_code != 200 or not isinstance(token, str) or not token:
                 raise ValueError
         except ValueError:
-            raise StoreError(f"the token endpoint {realm} of {self.store.host} answered {resp.status_code} "
-                             "without a token: check the registry's auth service") from None
+            raise StoreError(
+                f"the token endpoint {realm} of {self.store.host} answered {resp.status_code} "
+                "without a token: check the registry's auth service"
+            ) from None
         return token
 
 
 # -- the store --------------------------------------------------------------------------------------
+
 
 class Unreachable(StoreError):
     """The registry could not be reached, or its answers never arrived whole."""
@@ -398,18 +451,29 @@ class Garbled(StoreError):
 
 
 class OCIStore(Store):
-    def __init__(self, url: str, *, insecure_registry: bool = False, progress: bool = False,
-                 chunk_size: int | None = None, part_size: int = 8 * MiB, concurrency: int = 8,
-                 settle_s: float = SETTLE_S, deadline: Deadline | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        insecure_registry: bool = False,
+        progress: bool = False,
+        chunk_size: int | None = None,
+        part_size: int = 8 * MiB,
+        concurrency: int = 8,
+        settle_s: float = SETTLE_S,
+        deadline: Deadline | None = None,
+    ):
         import requests
         from requests.adapters import HTTPAdapter
 
-        rest = url[len("oci://"):] if url.startswith("oci://") else url
+        rest = url[len("oci://") :] if url.startswith("oci://") else url
         host, _, repo = rest.strip("/").partition("/")
         if not host or not HOST.match(host) or not repo or not REPOSITORY.match(repo):
-            raise UsageError(f"store {url!r} is not oci://REGISTRY/REPOSITORY: use e.g. "
-                             "oci://registry.example.com/team/warmer-caches (a lowercase repository path, "
-                             "no tag or digest)")
+            raise UsageError(
+                f"store {url!r} is not oci://REGISTRY/REPOSITORY: use e.g. "
+                "oci://registry.example.com/team/warmer-caches (a lowercase repository path, "
+                "no tag or digest)"
+            )
         self.host = "registry-1.docker.io" if host in DOCKER_HUB else host.lower()
         self.repo = repo
         self.url = f"oci://{host}/{repo}"
@@ -439,8 +503,10 @@ class OCIStore(Store):
     # -- HTTP ---------------------------------------------------------------------------------
 
     def login_hint(self) -> str:
-        return (f"run `docker login {self.host}` (or oras/podman login), or mount an image-pull secret as "
-                "DOCKER_CONFIG, or point REGISTRY_AUTH_FILE at an auth.json")
+        return (
+            f"run `docker login {self.host}` (or oras/podman login), or mount an image-pull secret as "
+            "DOCKER_CONFIG, or point REGISTRY_AUTH_FILE at an auth.json"
+        )
 
     def _timeouts(self) -> tuple[float, float]:
         """requests' (connect, read) timeouts, within the deadline (warmer.deadline)."""
@@ -456,15 +522,26 @@ class OCIStore(Store):
         if after and after.isdigit():
             delay = min(int(after), 30)
         else:  # full jitter: 0.1 s, 0.2 s ... capped at 10 s
-            delay = random.uniform(0, min(10.0, 0.1 * 2 ** attempt))
+            delay = random.uniform(0, min(10.0, 0.1 * 2**attempt))
         if not self.deadline.allows(delay):
             self.deadline.note(f"{why} ({what})")
             raise self.deadline.error(f"{what} from {self.host}")
         self.deadline.retrying(attempt + 1, self.attempts, delay, why, f"{what} from {self.host}")
         time.sleep(delay)
 
-    def _request(self, method: str, url: str, *, what: str, action: str, headers: dict | None = None,
-                 data: bytes | None = None, stream: bool = False, retry: bool = True, params=None):
+    def _request(
+        self,
+        method: str,
+        url: str,
+        *,
+        what: str,
+        action: str,
+        headers: dict | None = None,
+        data: bytes | None = None,
+        stream: bool = False,
+        retry: bool = True,
+        params=None,
+    ):
         """One request, answered: Authorization added and renewed on a 401; resets, timeouts and
         429/5xx retried with backoff (when retry); anything else returned for the caller to read.
         A connection that fails every time raises Unreachable."""
@@ -475,20 +552,28 @@ class OCIStore(Store):
             if self.auth.header:
                 sent["Authorization"] = self.auth.header
             try:
-                resp = self.session.request(method, url, headers=sent, data=data, stream=stream, params=params,
-                                            timeout=self._timeouts())
+                resp = self.session.request(
+                    method, url, headers=sent, data=data, stream=stream, params=params, timeout=self._timeouts()
+                )
             except self.requests.exceptions.SSLError as e:
-                raise StoreError(f"TLS to {self.host} failed ({_reason(e)}): trust the registry's CA "
-                                 "(REQUESTS_CA_BUNDLE), or for a plain-HTTP registry pass --insecure-registry") from None
-            except (self.requests.ConnectionError, self.requests.Timeout,
-                    self.requests.exceptions.ChunkedEncodingError) as e:
+                raise StoreError(
+                    f"TLS to {self.host} failed ({_reason(e)}): trust the registry's CA "
+                    "(REQUESTS_CA_BUNDLE), or for a plain-HTTP registry pass --insecure-registry"
+                ) from None
+            except (
+                self.requests.ConnectionError,
+                self.requests.Timeout,
+                self.requests.exceptions.ChunkedEncodingError,
+            ) as e:
                 attempt += 1
                 if retry and attempt < self.attempts:
                     self._backoff(attempt, _reason(e), f"{method} {what}")
                     continue
                 tries = f", {attempt} attempts" if attempt > 1 else ""
-                raise Unreachable(f"cannot reach the registry {self.host} to {action} {what} ({_reason(e)}{tries}): "
-                                  "check the store URL and the network") from None
+                raise Unreachable(
+                    f"cannot reach the registry {self.host} to {action} {what} ({_reason(e)}{tries}): "
+                    "check the store URL and the network"
+                ) from None
             if resp.status_code == 401:
                 resp.close()
                 if renewals == 3 or not self.auth.answer(resp, generation):
@@ -514,31 +599,39 @@ class OCIStore(Store):
                     return resp, None
                 try:
                     body = resp.raw.read(limit + 1, decode_content=True)
-                except Exception:  # noqa: BLE001 - urllib3's errors for a body cut short
+                except Exception:
                     body = None
             if body is not None and (check is None or check(body)):
                 return resp, body
             if attempt < self.attempts:
                 self._backoff(attempt, "cut short or altered", f"GET {what}")
-        raise Garbled(f"{what} from {self.host} arrived cut short or altered {self.attempts} times: check the "
-                      "network and the registry")
+        raise Garbled(
+            f"{what} from {self.host} arrived cut short or altered {self.attempts} times: check the "
+            "network and the registry"
+        )
 
     def _unauthorized(self, resp, action: str, what: str) -> StoreError:
         scheme, params = _challenge(resp.headers.get("WWW-Authenticate", ""))
         creds = self.auth.credentials()
         if creds is None:
-            return StoreError(f"registry {self.host} asks for credentials to {action} {what} and none were "
-                              f"found: {self.login_hint()}")
+            return StoreError(
+                f"registry {self.host} asks for credentials to {action} {what} and none were found: {self.login_hint()}"
+            )
         if params.get("error") == "insufficient_scope":
             return self._denied(action, what)
-        return StoreError(f"registry {self.host} rejected the credentials from {creds.source}: log in again "
-                          f"(docker login {self.host}), or fix that file")
+        return StoreError(
+            f"registry {self.host} rejected the credentials from {creds.source}: log in again "
+            f"(docker login {self.host}), or fix that file"
+        )
 
     def _denied(self, action: str, what: str) -> StoreError:
-        need = {"read": "pull", "list": "pull", "publish": "push", "upload": "push", "delete": "delete"}.get(action,
-                                                                                                           action)
-        return StoreError(f"access denied to {action} {what} in {self.host}/{self.repo} with {self.auth.where()}: "
-                          f"grant {need} on the repository (nodes pull; publishers push; gc deletes)")
+        need = {"read": "pull", "list": "pull", "publish": "push", "upload": "push", "delete": "delete"}.get(
+            action, action
+        )
+        return StoreError(
+            f"access denied to {action} {what} in {self.host}/{self.repo} with {self.auth.where()}: "
+            f"grant {need} on the repository (nodes pull; publishers push; gc deletes)"
+        )
 
     def _error(self, resp, action: str, what: str, size: int | None = None) -> StoreError:
         """One line for an answer the caller did not expect: what went wrong and what to do."""
@@ -547,27 +640,37 @@ class OCIStore(Store):
         where = f"{self.host}/{self.repo}"
         if status == 413:
             mib = f"a {size / MiB:.0f} MiB request" if size else "a request"
-            return StoreError(f"registry {self.host} (or a proxy in front of it) refused {mib} as too large (413) "
-                              f"to {action} {what}: raise its body limit (nginx: client_max_body_size 0), or lower "
-                              f"{CHUNK_ENV} (now {self.chunk_size // MiB})")
+            return StoreError(
+                f"registry {self.host} (or a proxy in front of it) refused {mib} as too large (413) "
+                f"to {action} {what}: raise its body limit (nginx: client_max_body_size 0), or lower "
+                f"{CHUNK_ENV} (now {self.chunk_size // MiB})"
+            )
         if "NAME_UNKNOWN" in codes or (status == 404 and action in ("list", "upload")):
-            return StoreError(f"repository {self.repo} does not exist in {self.host}: fix the store URL, or create "
-                              "it (most registries create it on the first publish; ECR: aws ecr create-repository; "
-                              "Harbor: create the project)")
+            return StoreError(
+                f"repository {self.repo} does not exist in {self.host}: fix the store URL, or create "
+                "it (most registries create it on the first publish; ECR: aws ecr create-repository; "
+                "Harbor: create the project)"
+            )
         if status == 403 or "DENIED" in codes:
             return self._denied(action, what)
         if "UNSUPPORTED" in codes or status == 405:
             if action == "delete":
-                return StoreError(f"registry {self.host} does not allow deletes through the registry API ({status}): "
-                                  "enable them (distribution: storage.delete.enabled: true), or remove old tags with "
-                                  "the registry's own retention rules")
-            return StoreError(f"registry {self.host} does not support what {action} {what} needs ({status} "
-                              f"{', '.join(codes) or resp.reason}): it must speak the OCI distribution API")
+                return StoreError(
+                    f"registry {self.host} does not allow deletes through the registry API ({status}): "
+                    "enable them (distribution: storage.delete.enabled: true), or remove old tags with "
+                    "the registry's own retention rules"
+                )
+            return StoreError(
+                f"registry {self.host} does not support what {action} {what} needs ({status} "
+                f"{', '.join(codes) or resp.reason}): it must speak the OCI distribution API"
+            )
         if action == "publish" and (status == 415 or codes & {"MANIFEST_INVALID", "MANIFEST_UNVERIFIED"}):
-            return StoreError(f"registry {self.host} refused an OCI artifact manifest ({status} "
-                              f"{', '.join(codes) or resp.reason}{': ' + message if message else ''}): it must take "
-                              f"OCI image manifests with a custom config media type ({CONFIG_TYPE}); upgrade it "
-                              "(distribution 2.7+, Harbor 2+) or allow the type (Quay: ALLOWED_OCI_ARTIFACT_TYPES)")
+            return StoreError(
+                f"registry {self.host} refused an OCI artifact manifest ({status} "
+                f"{', '.join(codes) or resp.reason}{': ' + message if message else ''}): it must take "
+                f"OCI image manifests with a custom config media type ({CONFIG_TYPE}); upgrade it "
+                "(distribution 2.7+, Harbor 2+) or allow the type (Quay: ALLOWED_OCI_ARTIFACT_TYPES)"
+            )
         detail = f"{status} {', '.join(sorted(codes)) or resp.reason}" + (f": {message}" if message else "")
         if status in RETRY_STATUS:
             detail += f" after {self.attempts} attempts"
@@ -605,12 +708,13 @@ class OCIStore(Store):
     def _upload_bytes(self, data: bytes) -> str:
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         if not self._has(digest):
-            self._upload(digest, len(data), lambda off, n: data[off:off + n], None)
+            self._upload(digest, len(data), lambda off, n: data[off : off + n], None)
         return digest
 
     def _start_upload(self, what: str) -> str:
-        resp = self._request("POST", self._url("blobs/uploads/"), what=what, action="upload",
-                             headers={"Content-Length": "0"})
+        resp = self._request(
+            "POST", self._url("blobs/uploads/"), what=what, action="upload", headers={"Content-Length": "0"}
+        )
         resp.close()
         if resp.status_code != 202 or not resp.headers.get("Location"):
             raise self._error(resp, "upload", what)
@@ -626,14 +730,25 @@ class OCIStore(Store):
             offset, lost, failures = 0, False, 0
             while size > self.chunk_size and offset < size:
                 if failures > self.attempts:
-                    raise StoreError(f"upload of {what} to {self.host}/{self.repo} failed {failures} times in a row "
-                                     "at one offset: check the registry and the network, and publish again")
+                    raise StoreError(
+                        f"upload of {what} to {self.host}/{self.repo} failed {failures} times in a row "
+                        "at one offset: check the registry and the network, and publish again"
+                    )
                 n = min(self.chunk_size, size - offset)
                 try:
-                    resp = self._request("PATCH", location, what=what, action="upload", data=read(offset, n),
-                                         retry=False, headers={"Content-Type": "application/octet-stream",
-                                                               "Content-Range": f"{offset}-{offset + n - 1}",
-                                                               "Content-Length": str(n)})
+                    resp = self._request(
+                        "PATCH",
+                        location,
+                        what=what,
+                        action="upload",
+                        data=read(offset, n),
+                        retry=False,
+                        headers={
+                            "Content-Type": "application/octet-stream",
+                            "Content-Range": f"{offset}-{offset + n - 1}",
+                            "Content-Length": str(n),
+                        },
+                    )
                 except Unreachable:
                     resp = None
                 if resp is not None:
@@ -707,8 +822,10 @@ class OCIStore(Store):
             # An earlier try of this PUT landed (its answer lost), or the session is gone.
             return self._has(digest)
         if "DIGEST_INVALID" in _errors(resp)[0]:
-            raise StoreError(f"{self.host} received bytes for {what} that do not hash to {digest}: something on "
-                             "the way altered them; publish again")
+            raise StoreError(
+                f"{self.host} received bytes for {what} that do not hash to {digest}: something on "
+                "the way altered them; publish again"
+            )
         raise self._error(resp, "upload", what, size=len(body))
 
     def stream_blob(self, sha256: str, size: int | None = None) -> BlobStream:
@@ -722,12 +839,20 @@ class OCIStore(Store):
         url, what = self._blob_url(f"sha256:{sha256}"), f"blob {sha256[:12]}"
 
         def open_range(start: int, end: int) -> _Answer:
-            resp = self._request("GET", url, what=what, action="read", stream=True,
-                                 headers={"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"})
+            resp = self._request(
+                "GET",
+                url,
+                what=what,
+                action="read",
+                stream=True,
+                headers={"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"},
+            )
             if resp.status_code == 404:
                 resp.close()
-                raise BlobMissing(f"blob {sha256} is missing from {self.url}: the registry is damaged or it was "
-                                  "deleted; publish the artifact again")
+                raise BlobMissing(
+                    f"blob {sha256} is missing from {self.url}: the registry is damaged or it was "
+                    "deleted; publish the artifact again"
+                )
             if resp.status_code == 416 and start == 0:  # an empty blob
                 resp.close()
                 return _Answer(None, 0, False, self.urllib3)
@@ -735,8 +860,10 @@ class OCIStore(Store):
                 m = re.match(r"^bytes (\d+)-(\d+)/(\d+)$", resp.headers.get("Content-Range", ""))
                 if not m or int(m.group(1)) != start:
                     resp.close()
-                    raise StoreError(f"registry {self.host} answered a ranged GET of {what} with the range "
-                                     f"{resp.headers.get('Content-Range')!r}: report it to its operators")
+                    raise StoreError(
+                        f"registry {self.host} answered a ranged GET of {what} with the range "
+                        f"{resp.headers.get('Content-Range')!r}: report it to its operators"
+                    )
                 return _Answer(resp, int(m.group(3)), False, self.urllib3)
             if resp.status_code == 200:  # Range ignored: the whole blob in one stream
                 length = resp.headers.get("Content-Length", "")
@@ -744,8 +871,16 @@ class OCIStore(Store):
             with resp:
                 raise self._error(resp, "read", what)
 
-        return BlobStream(sha256, open_range, size=size, where=self.url, part_size=self.part_size,
-                          threads=self.concurrency, probe_first=True, deadline=self.deadline)
+        return BlobStream(
+            sha256,
+            open_range,
+            size=size,
+            where=self.url,
+            part_size=self.part_size,
+            threads=self.concurrency,
+            probe_first=True,
+            deadline=self.deadline,
+        )
 
     def list_blobs(self) -> list[Blob]:
         """A registry lists no blobs: the layers whose manifests this handle deleted (gc unlinks
@@ -770,6 +905,7 @@ class OCIStore(Store):
 
     def _get_manifest(self, ref: str) -> tuple[str, dict] | None:
         """(digest, manifest) of a tag or digest; None when absent."""
+
         def check(body: bytes) -> bool:
             if len(body) > MAX_MANIFEST_BYTES:
                 return True  # refused below, without reading it again
@@ -781,23 +917,29 @@ class OCIStore(Store):
                 return False
 
         try:
-            resp, body = self._get_small(self._manifest_url(ref), f"manifest {ref}", MAX_MANIFEST_BYTES,
-                                         headers={"Accept": ACCEPT}, check=check)
+            resp, body = self._get_small(
+                self._manifest_url(ref), f"manifest {ref}", MAX_MANIFEST_BYTES, headers={"Accept": ACCEPT}, check=check
+            )
         except Garbled:
-            raise StoreError(f"manifest {ref} from {self.host}/{self.repo} never arrived whole, or is not JSON, or "
-                             f"does not hash to its digest: remove it, or check the network") from None
+            raise StoreError(
+                f"manifest {ref} from {self.host}/{self.repo} never arrived whole, or is not JSON, or "
+                f"does not hash to its digest: remove it, or check the network"
+            ) from None
         if resp.status_code == 404:
             return None
         if body is None:
             raise self._error(resp, "read", f"manifest {ref}")
         if len(body) > MAX_MANIFEST_BYTES:
-            raise StoreError(f"manifest {ref} in {self.host}/{self.repo} is larger than {MAX_MANIFEST_BYTES} bytes: "
-                             "refused (not written by warmer)")
+            raise StoreError(
+                f"manifest {ref} in {self.host}/{self.repo} is larger than {MAX_MANIFEST_BYTES} bytes: "
+                "refused (not written by warmer)"
+            )
         return "sha256:" + hashlib.sha256(body).hexdigest(), json.loads(body)
 
     def _tag_digest(self, tag: str) -> str | None:
-        resp = self._request("HEAD", self._manifest_url(tag), what=f"tag {tag}", action="read",
-                             headers={"Accept": ACCEPT})
+        resp = self._request(
+            "HEAD", self._manifest_url(tag), what=f"tag {tag}", action="read", headers={"Accept": ACCEPT}
+        )
         resp.close()
         if resp.status_code == 404:
             return None
@@ -812,17 +954,26 @@ class OCIStore(Store):
     def _get_config(self, desc: dict, limit: int, what: str) -> bytes:
         digest, size = desc.get("digest", ""), desc.get("size")
         if not isinstance(digest, str) or not re.match(r"^sha256:[0-9a-f]{64}$", digest) or not isinstance(size, int):
-            raise StoreError(f"{what} in {self.host}/{self.repo} names no sha256 config: not written by warmer; "
-                             "remove the tag")
+            raise StoreError(
+                f"{what} in {self.host}/{self.repo} names no sha256 config: not written by warmer; remove the tag"
+            )
         if size >= limit:
-            raise IndexTooLarge(f"{what} in {self.url} is larger than {limit - 1} bytes: refused (not written by "
-                                "warmer); remove it with `warmer rm`")
+            raise IndexTooLarge(
+                f"{what} in {self.url} is larger than {limit - 1} bytes: refused (not written by "
+                "warmer); remove it with `warmer rm`"
+            )
         try:
-            resp, body = self._get_small(self._blob_url(digest), f"the config of {what}", size,
-                                         check=lambda b: "sha256:" + hashlib.sha256(b).hexdigest() == digest)
+            resp, body = self._get_small(
+                self._blob_url(digest),
+                f"the config of {what}",
+                size,
+                check=lambda b: "sha256:" + hashlib.sha256(b).hexdigest() == digest,
+            )
         except Garbled:
-            raise BlobCorrupt(f"the config of {what} from {self.url} did not hash to {digest} in {self.attempts} "
-                              "reads: corrupt in the registry or altered on the way; not used") from None
+            raise BlobCorrupt(
+                f"the config of {what} from {self.url} did not hash to {digest} in {self.attempts} "
+                "reads: corrupt in the registry or altered on the way; not used"
+            ) from None
         if resp.status_code == 404:
             raise BlobMissing(f"the config blob of {what} is missing from {self.url}: publish it again")
         if body is None:
@@ -844,8 +995,15 @@ class OCIStore(Store):
         url = self._manifest_url(tag)
         for attempt in range(self.attempts):
             try:
-                resp = self._request("PUT", url, what=what, action="publish", data=manifest, retry=False,
-                                     headers={"Content-Type": MANIFEST_TYPE})
+                resp = self._request(
+                    "PUT",
+                    url,
+                    what=what,
+                    action="publish",
+                    data=manifest,
+                    retry=False,
+                    headers={"Content-Type": MANIFEST_TYPE},
+                )
             except Unreachable:
                 resp = None
             if resp is not None:
@@ -853,8 +1011,10 @@ class OCIStore(Store):
                 if resp.status_code == 201:
                     got = resp.headers.get("Docker-Content-Digest")
                     if got and got != digest:
-                        raise StoreError(f"registry {self.host} stored the manifest of {what} as {got}, not {digest}: "
-                                         "it rewrites manifests; use another registry")
+                        raise StoreError(
+                            f"registry {self.host} stored the manifest of {what} as {got}, not {digest}: "
+                            "it rewrites manifests; use another registry"
+                        )
                     return True
                 if resp.status_code not in RETRY_STATUS:
                     now = self._tag_digest(tag)
@@ -867,22 +1027,33 @@ class OCIStore(Store):
                 return now == digest
             why = f"HTTP {resp.status_code}" if resp is not None else "no answer"
             self._backoff(attempt + 1, why, f"PUT {what}")
-        raise StoreError(f"publish {what} to {self.host}/{self.repo} failed after {self.attempts} attempts: "
-                         "check the registry and publish again")
+        raise StoreError(
+            f"publish {what} to {self.host}/{self.repo} failed after {self.attempts} attempts: "
+            "check the registry and publish again"
+        )
 
-    def _manifest(self, config: bytes, config_type: str, artifact_type: str, layer: dict,
-                  annotations: dict[str, str]) -> bytes:
-        doc = {"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "artifactType": artifact_type,
-               "config": {"mediaType": config_type, "digest": "sha256:" + hashlib.sha256(config).hexdigest(),
-                          "size": len(config)},
-               "layers": [layer], "annotations": annotations}
+    def _manifest(
+        self, config: bytes, config_type: str, artifact_type: str, layer: dict, annotations: dict[str, str]
+    ) -> bytes:
+        doc = {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_TYPE,
+            "artifactType": artifact_type,
+            "config": {
+                "mediaType": config_type,
+                "digest": "sha256:" + hashlib.sha256(config).hexdigest(),
+                "size": len(config),
+            },
+            "layers": [layer],
+            "annotations": annotations,
+        }
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
     # -- index --------------------------------------------------------------------------------
 
     def _create_index(self, rel: str, entry: bytes) -> bool:
         if rel.startswith("audit/") and rel.endswith(".json"):
-            return self._create_audit(rel[len("audit/"):-len(".json")], entry)
+            return self._create_audit(rel[len("audit/") : -len(".json")], entry)
         names = parse_index_path(rel)
         if not names:
             raise StoreError(f"{rel!r} is not an index entry's name")
@@ -898,15 +1069,23 @@ class OCIStore(Store):
             raise StoreError(f"index entry {recipe}/{key} to publish is malformed ({e}): a bug in warmer") from None
         tag = index_tag(recipe, key)
         config = canonical(art)
-        annotations = {ANN_RECIPE: recipe, ANN_KEY: key, ANN_CREATED: created,
-                       ANN_SCHEMA: json.dumps(doc.get("schema"))}
+        annotations = {
+            ANN_RECIPE: recipe,
+            ANN_KEY: key,
+            ANN_CREATED: created,
+            ANN_SCHEMA: json.dumps(doc.get("schema")),
+        }
         if doc.get("signature") is not None:
             annotations[ANN_SIGNATURE] = json.dumps(doc["signature"], separators=(",", ":"), sort_keys=True)
         extra = {k: v for k, v in doc.items() if k not in ENTRY_FIELDS}
         if extra:
             annotations[ANN_EXTRA] = json.dumps(extra, separators=(",", ":"), sort_keys=True)
-        layer = {"mediaType": LAYER_TYPE, "digest": f"sha256:{blob['sha256']}", "size": size,
-                 "annotations": {ANN_TITLE: f"{tag}.tar.zst"}}
+        layer = {
+            "mediaType": LAYER_TYPE,
+            "digest": f"sha256:{blob['sha256']}",
+            "size": size,
+            "annotations": {ANN_TITLE: f"{tag}.tar.zst"},
+        }
         manifest = self._manifest(config, CONFIG_TYPE, ARTIFACT_TYPE, layer, annotations)
         digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
         if not self._has(layer["digest"]):
@@ -919,13 +1098,13 @@ class OCIStore(Store):
         self._upload_bytes(record)
         empty = self._upload_bytes(EMPTY)
         layer = {"mediaType": EMPTY_TYPE, "digest": empty, "size": len(EMPTY)}
-        annotations = {ANN_AUDIT: name, ANN_CREATED: datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        annotations = {ANN_AUDIT: name, ANN_CREATED: datetime.now(UTC).isoformat(timespec="seconds")}
         manifest = self._manifest(record, AUDIT_CONFIG_TYPE, AUDIT_TYPE, layer, annotations)
         return self._put_manifest(tag, manifest, "sha256:" + hashlib.sha256(manifest).hexdigest(), f"audit {name}")
 
     def _read_index(self, rel: str, limit: int) -> bytes | None:
         if rel.startswith("audit/") and rel.endswith(".json"):
-            name = rel[len("audit/"):-len(".json")]
+            name = rel[len("audit/") : -len(".json")]
             got = self._get_manifest(audit_tag(name))
             if got is None or got[1].get("annotations", {}).get(ANN_AUDIT) != name:
                 return None
@@ -948,22 +1127,31 @@ class OCIStore(Store):
     def _warmer_manifest(self, manifest: dict, tag: str) -> dict:
         config, layers = manifest.get("config") or {}, manifest.get("layers")
         if config.get("mediaType") != CONFIG_TYPE or not isinstance(layers, list) or len(layers) != 1:
-            raise StoreError(f"tag {tag} in {self.host}/{self.repo} is not a warmer artifact (config "
-                             f"{config.get('mediaType')!r}): remove the tag, or keep warmer's artifacts in a "
-                             "repository of their own")
+            raise StoreError(
+                f"tag {tag} in {self.host}/{self.repo} is not a warmer artifact (config "
+                f"{config.get('mediaType')!r}): remove the tag, or keep warmer's artifacts in a "
+                "repository of their own"
+            )
         return manifest
 
     def _entry(self, manifest: dict, config: bytes, what: str) -> bytes:
         ann, layer = manifest.get("annotations") or {}, manifest["layers"][0]
         try:
             digest, size = layer["digest"], layer["size"]
-            if layer.get("mediaType") != LAYER_TYPE or not re.match(r"^sha256:[0-9a-f]{64}$", digest) \
-                    or not isinstance(size, int):
+            if (
+                layer.get("mediaType") != LAYER_TYPE
+                or not re.match(r"^sha256:[0-9a-f]{64}$", digest)
+                or not isinstance(size, int)
+            ):
                 raise ValueError("its layer is not a warmer cache")
-            entry = {"schema": json.loads(ann.get(ANN_SCHEMA, "1")), "recipe": ann[ANN_RECIPE], "key": ann[ANN_KEY],
-                     "blob": {"sha256": digest[len("sha256:"):], "size": size},
-                     "signature": json.loads(ann[ANN_SIGNATURE]) if ANN_SIGNATURE in ann else None,
-                     "published_at": ann[ANN_CREATED]}
+            entry = {
+                "schema": json.loads(ann.get(ANN_SCHEMA, "1")),
+                "recipe": ann[ANN_RECIPE],
+                "key": ann[ANN_KEY],
+                "blob": {"sha256": digest[len("sha256:") :], "size": size},
+                "signature": json.loads(ann[ANN_SIGNATURE]) if ANN_SIGNATURE in ann else None,
+                "published_at": ann[ANN_CREATED],
+            }
             extra = json.loads(ann[ANN_EXTRA]) if ANN_EXTRA in ann else {}
             if not isinstance(extra, dict):
                 raise ValueError("its extra fields are not an object")
@@ -974,23 +1162,28 @@ class OCIStore(Store):
             if not config.lstrip().startswith(b"{") or json.loads(config, object_pairs_hook=_dropped) is not None:
                 raise ValueError("its config is not a JSON object")
         except (ValueError, KeyError, TypeError) as e:
-            raise StoreError(f"{what} in {self.url} is unreadable ({e}): remove it, or publish again "
-                             "under a new key") from None
+            raise StoreError(
+                f"{what} in {self.url} is unreadable ({e}): remove it, or publish again under a new key"
+            ) from None
         return b"".join((b'{"artifact":', config.strip(), b",", json.dumps(entry, separators=(",", ":")).encode()[1:]))
 
     def _tags(self) -> list[str]:
         """Every tag of the repository, following the Link header page by page."""
         url, params, tags, seen = self._url("tags/list"), {"n": "1000"}, [], set()
         while url:
-            resp = self._request("GET", url, what="tags", action="list", params=params, headers={"Accept": "application/json"})
+            resp = self._request(
+                "GET", url, what="tags", action="list", params=params, headers={"Accept": "application/json"}
+            )
             with resp:
                 if resp.status_code != 200:  # 404 NAME_UNKNOWN: a repository nothing was pushed to
                     raise self._error(resp, "list", "tags")
                 try:
                     page = resp.json().get("tags") or []
                 except ValueError:
-                    raise StoreError(f"registry {self.host} answered the tag list of {self.repo} with something "
-                                     "other than JSON: check that the store URL names a registry") from None
+                    raise StoreError(
+                        f"registry {self.host} answered the tag list of {self.repo} with something "
+                        "other than JSON: check that the store URL names a registry"
+                    ) from None
                 tags += [t for t in page if isinstance(t, str)]
                 nxt = resp.links.get("next", {}).get("url")
             if not nxt or nxt in seen:
@@ -1000,8 +1193,11 @@ class OCIStore(Store):
         return tags
 
     def list_index(self, recipe: str | None = None) -> list[tuple[str, str]]:
-        candidates = [t for t in self._tags() if (m := INDEX_TAG.match(t)) and NAME.match(m["recipe"])
-                      and (recipe is None or m["recipe"] == recipe)]
+        candidates = [
+            t
+            for t in self._tags()
+            if (m := INDEX_TAG.match(t)) and NAME.match(m["recipe"]) and (recipe is None or m["recipe"] == recipe)
+        ]
 
         def key_of(tag: str) -> tuple[str, str] | None:
             got = self._get_manifest(tag)
@@ -1030,21 +1226,23 @@ class OCIStore(Store):
         others = [t for t in self._tags() if t != tag and not INDEX_TAG.match(t) and not t.startswith(AUDIT_PREFIX)]
         for other in others:  # a tag someone added by hand (`oras tag`, `crane tag`) to this manifest
             if self._tag_digest(other) == digest:
-                raise StoreError(f"manifest {digest} of {recipe}/{key[:16]} is also tagged {other} in "
-                                 f"{self.host}/{self.repo}: deleting it would delete that tag too; remove the tag "
-                                 "first, or keep the artifact")
+                raise StoreError(
+                    f"manifest {digest} of {recipe}/{key[:16]} is also tagged {other} in "
+                    f"{self.host}/{self.repo}: deleting it would delete that tag too; remove the tag "
+                    "first, or keep the artifact"
+                )
         resp = self._request("DELETE", self._manifest_url(digest), what=f"{recipe}/{key[:16]}", action="delete")
         resp.close()
         if resp.status_code not in (200, 202, 204, 404):
             raise self._error(resp, "delete", f"{recipe}/{key[:16]}")
         layers = manifest.get("layers") or []
         if layers and isinstance(layers[0], dict) and str(layers[0].get("digest", "")).startswith("sha256:"):
-            sha = layers[0]["digest"][len("sha256:"):]
+            sha = layers[0]["digest"][len("sha256:") :]
             try:
                 when = datetime.fromisoformat(ann.get(ANN_CREATED, ""))
-                when = when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+                when = when if when.tzinfo else when.replace(tzinfo=UTC)
             except ValueError:
-                when = datetime.now(timezone.utc)
+                when = datetime.now(UTC)
             if HEX64.match(sha):
                 self._released[sha] = Blob(sha, int(layers[0].get("size") or 0), when)
 
@@ -1056,7 +1254,7 @@ def _errors(resp) -> tuple[set[str], str]:
         codes = {str(e.get("code")) for e in errors if isinstance(e, dict)}
         message = next((str(e.get("message")) for e in errors if isinstance(e, dict) and e.get("message")), "")
         return codes, message.splitlines()[0][:200] if message else ""
-    except Exception:  # noqa: BLE001 - no readable error body
+    except Exception:
         return set(), ""
 
 
@@ -1065,9 +1263,19 @@ def _reason(e: BaseException | None) -> str:
     if e is None:
         return "no answer"
     text = str(e)
-    for known in ("Connection refused", "Connection reset by peer", "Read timed out", "timed out",
-                  "Name or service not known", "IncompleteRead", "Connection aborted", "RemoteDisconnected",
-                  "certificate verify failed", "Response ended prematurely", "connection broken"):
+    for known in (
+        "Connection refused",
+        "Connection reset by peer",
+        "Read timed out",
+        "timed out",
+        "Name or service not known",
+        "IncompleteRead",
+        "Connection aborted",
+        "RemoteDisconnected",
+        "certificate verify failed",
+        "Response ended prematurely",
+        "connection broken",
+    ):
         if known.lower() in text.lower():
             return known
     return type(e).__name__
@@ -1088,7 +1296,7 @@ class _Answer:
             data = self.resp.raw.read1(len(view))
         except (self._urllib3.exceptions.HTTPError, OSError) as e:  # a body cut short, a reset, a timeout
             raise Cut(_reason(e)) from None
-        view[:len(data)] = data
+        view[: len(data)] = data
         return len(data)
 
     def close(self) -> None:

@@ -23,10 +23,19 @@ from contextlib import contextmanager
 
 from warmer.deadline import Deadline, unbounded
 from warmer.errors import UsageError
-from warmer.store import (Blob, BlobMissing, BlobStream, Store, StoreError, blob_path, index_path,
-                          parse_blob_path, parse_index_path)
-from warmer.store.stream import Cut
+from warmer.store import (
+    Blob,
+    BlobMissing,
+    BlobStream,
+    Store,
+    StoreError,
+    blob_path,
+    index_path,
+    parse_blob_path,
+    parse_index_path,
+)
 from warmer.store.progress import Progress
+from warmer.store.stream import Cut
 
 MiB = 1 << 20
 ADDRESSING_ENV = "WARMER_S3_ADDRESSING_STYLE"
@@ -60,7 +69,7 @@ def parse_url(url: str) -> tuple[str, str]:
     """(bucket, prefix with a trailing slash or empty) of s3://bucket[/prefix]; UsageError otherwise."""
     import re
 
-    bucket, _, prefix = url[len("s3://"):].partition("/")
+    bucket, _, prefix = url[len("s3://") :].partition("/")
     if not bucket:
         raise UsageError(f"store {url!r} names no bucket: use s3://bucket or s3://bucket/prefix")
     # The characters of S3's bucket names (lowercase letters, digits, '.' and '-', 3 to 63), loosened
@@ -84,7 +93,7 @@ class _Retries:
     """botocore's standard retry conditions and backoff, asked first on every needs-retry event, so
     that a retry never runs past the store's deadline and each one is said (Deadline.retrying)."""
 
-    def __init__(self, store: "S3Store", attempts: int):
+    def __init__(self, store: S3Store, attempts: int):
         from botocore.retries import standard
 
         self.store, self.attempts = store, attempts
@@ -126,9 +135,17 @@ def _why(context, read_timeout: float) -> str:
 
 
 class S3Store(Store):
-    def __init__(self, url: str, *, endpoint_url: str | None = None, path_style: bool | None = None,
-                 progress: bool = False, part_size: int = 8 * MiB, concurrency: int = 8,
-                 deadline: Deadline | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        endpoint_url: str | None = None,
+        path_style: bool | None = None,
+        progress: bool = False,
+        part_size: int = 8 * MiB,
+        concurrency: int = 8,
+        deadline: Deadline | None = None,
+    ):
         import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
@@ -142,14 +159,22 @@ class S3Store(Store):
         if style not in (None, "auto", "virtual", "path"):
             raise UsageError(f"{ADDRESSING_ENV}={style!r}: use path, virtual or auto")
         attempts = _max_attempts()
-        config = Config(retries={"total_max_attempts": attempts}, connect_timeout=self.deadline.connect_timeout,
-                        read_timeout=self.deadline.read_timeout, max_pool_connections=concurrency + 4,
-                        s3={"addressing_style": style} if style else None)
+        config = Config(
+            retries={"total_max_attempts": attempts},
+            connect_timeout=self.deadline.connect_timeout,
+            read_timeout=self.deadline.read_timeout,
+            max_pool_connections=concurrency + 4,
+            s3={"addressing_style": style} if style else None,
+        )
         self._client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
         _Retries(self, attempts).register(self._client)
         cap_malloc_arenas()
-        self._transfer = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size,
-                                        max_concurrency=concurrency, num_download_attempts=5)
+        self._transfer = TransferConfig(
+            multipart_threshold=part_size,
+            multipart_chunksize=part_size,
+            max_concurrency=concurrency,
+            num_download_attempts=5,
+        )
         self.part_size, self.concurrency = part_size, concurrency
 
     # -- errors -------------------------------------------------------------------------------
@@ -160,38 +185,57 @@ class S3Store(Store):
     def _message(self, e: Exception, action: str, key: str) -> StoreError:
         """One line that names the problem and the fix; never a credential."""
         from boto3.exceptions import S3UploadFailedError
-        from botocore.exceptions import (ClientError, EndpointConnectionError, NoCredentialsError,
-                                         PartialCredentialsError)
+        from botocore.exceptions import (
+            ClientError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            PartialCredentialsError,
+        )
 
         if isinstance(e, S3UploadFailedError) and isinstance(e.__cause__, ClientError):
             e = e.__cause__
         where = f"s3://{self.bucket}/{key}"
         if isinstance(e, (NoCredentialsError, PartialCredentialsError)):
-            return StoreError(f"no usable AWS credentials for {self.url}: boto3 looks in AWS_ACCESS_KEY_ID and "
-                              "AWS_SECRET_ACCESS_KEY, AWS_PROFILE and ~/.aws, web identity, and the instance or "
-                              "pod role; configure one of them")
+            return StoreError(
+                f"no usable AWS credentials for {self.url}: boto3 looks in AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE and ~/.aws, web identity, and the instance or "
+                "pod role; configure one of them"
+            )
         if isinstance(e, EndpointConnectionError):
-            return StoreError(f"cannot reach the S3 endpoint {self._endpoint()}: check --endpoint-url or "
-                              "AWS_ENDPOINT_URL and the network")
+            return StoreError(
+                f"cannot reach the S3 endpoint {self._endpoint()}: check --endpoint-url or "
+                "AWS_ENDPOINT_URL and the network"
+            )
         if isinstance(e, ClientError):
             err = e.response.get("Error", {})
             code, status = err.get("Code", "?"), e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if code == "NoSuchBucket":
-                return StoreError(f"bucket {self.bucket} does not exist at {self._endpoint()}: create it, or fix "
-                                  "the store URL or the endpoint")
+                return StoreError(
+                    f"bucket {self.bucket} does not exist at {self._endpoint()}: create it, or fix "
+                    "the store URL or the endpoint"
+                )
             if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
-                return StoreError(f"{self._endpoint()} rejected the credentials boto3 found ({code}): check "
-                                  "AWS_PROFILE or AWS_ACCESS_KEY_ID and the secret that goes with it")
+                return StoreError(
+                    f"{self._endpoint()} rejected the credentials boto3 found ({code}): check "
+                    "AWS_PROFILE or AWS_ACCESS_KEY_ID and the secret that goes with it"
+                )
             if code in ("AccessDenied", "AllAccessDisabled", "403") or status == 403:
-                hint = (" (S3 also answers 403 for a missing object when s3:ListBucket is not granted)"
-                        if action == "read" else "")
-                return StoreError(f"access denied to {action} {where}{hint}: grant the credentials boto3 found "
-                                  "s3:GetObject, s3:ListBucket, and to publishers s3:PutObject (gc: "
-                                  "s3:DeleteObject) on the bucket and prefix")
+                hint = (
+                    " (S3 also answers 403 for a missing object when s3:ListBucket is not granted)"
+                    if action == "read"
+                    else ""
+                )
+                return StoreError(
+                    f"access denied to {action} {where}{hint}: grant the credentials boto3 found "
+                    "s3:GetObject, s3:ListBucket, and to publishers s3:PutObject (gc: "
+                    "s3:DeleteObject) on the bucket and prefix"
+                )
             if code == "NotImplemented" or status == 501:
-                return StoreError(f"{self._endpoint()} does not implement what {action} {where} needs ({code}): "
-                                  "warmer needs S3 conditional writes (If-None-Match) to publish safely; "
-                                  "upgrade the store")
+                return StoreError(
+                    f"{self._endpoint()} does not implement what {action} {where} needs ({code}): "
+                    "warmer needs S3 conditional writes (If-None-Match) to publish safely; "
+                    "upgrade the store"
+                )
             tries = e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) + 1
             after = f" after {tries} attempts" if tries > 1 else ""
             return StoreError(f"{action} {where} failed: {code} {err.get('Message', '')}".rstrip() + after)
@@ -205,16 +249,24 @@ class S3Store(Store):
 
         try:
             yield
-        except (BotoCoreError, ClientError, Boto3Error, transfer.RetriesExceededError,
-                transfer.S3UploadFailedError, transfer.S3DownloadFailedError) as e:
+        except (
+            BotoCoreError,
+            ClientError,
+            Boto3Error,
+            transfer.RetriesExceededError,
+            transfer.S3UploadFailedError,
+            transfer.S3DownloadFailedError,
+        ) as e:
             if self.deadline.gave_up:  # retries stopped for want of time: say the deadline, and why
                 raise self.deadline.error(f"{action} s3://{self.bucket}/{key}") from None
             raise self._message(e, action, key) from None
 
     @staticmethod
     def _code(e) -> tuple[str, int | None]:
-        return (e.response.get("Error", {}).get("Code", ""),
-                e.response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+        return (
+            e.response.get("Error", {}).get("Code", ""),
+            e.response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
+        )
 
     # -- blobs --------------------------------------------------------------------------------
 
@@ -236,8 +288,14 @@ class S3Store(Store):
         bar = Progress(f"upload {sha256[:12]}", os.path.getsize(path)) if self.progress else None
         try:
             with self._errors("upload", key):
-                self._client.upload_file(path, self.bucket, key, Config=self._transfer, Callback=bar,
-                                         ExtraArgs={"ContentType": "application/zstd"})
+                self._client.upload_file(
+                    path,
+                    self.bucket,
+                    key,
+                    Config=self._transfer,
+                    Callback=bar,
+                    ExtraArgs={"ContentType": "application/zstd"},
+                )
         finally:
             if bar:
                 bar.close()
@@ -253,8 +311,10 @@ class S3Store(Store):
         key = self.prefix + blob_path(sha256)
 
         def missing() -> BlobMissing:
-            return BlobMissing(f"blob {sha256} is missing from {self.url}: the store is damaged or it was "
-                               "deleted; publish the artifact again")
+            return BlobMissing(
+                f"blob {sha256} is missing from {self.url}: the store is damaged or it was "
+                "deleted; publish the artifact again"
+            )
 
         total = size
         if total is None:
@@ -276,12 +336,22 @@ class S3Store(Store):
                     raise
             return _Body(got)
 
-        return BlobStream(sha256, open_range, size=total, where=self.url, part_size=self.part_size,
-                          threads=self.concurrency, deadline=self.deadline)
+        return BlobStream(
+            sha256,
+            open_range,
+            size=total,
+            where=self.url,
+            part_size=self.part_size,
+            threads=self.concurrency,
+            deadline=self.deadline,
+        )
 
     def list_blobs(self) -> list[Blob]:
-        return [Blob(sha, obj["Size"], obj["LastModified"]) for rel, obj in self._list("blobs/sha256/")
-                if (sha := parse_blob_path(rel))]
+        return [
+            Blob(sha, obj["Size"], obj["LastModified"])
+            for rel, obj in self._list("blobs/sha256/")
+            if (sha := parse_blob_path(rel))
+        ]
 
     def delete_blob(self, sha256: str) -> None:
         key = self.prefix + blob_path(sha256)
@@ -298,8 +368,9 @@ class S3Store(Store):
         for attempt in range(CONFLICT_ATTEMPTS):
             with self._errors("publish", obj):
                 try:
-                    self._client.put_object(Bucket=self.bucket, Key=obj, Body=entry, IfNoneMatch="*",
-                                            ContentType="application/json")
+                    self._client.put_object(
+                        Bucket=self.bucket, Key=obj, Body=entry, IfNoneMatch="*", ContentType="application/json"
+                    )
                     return True
                 except ClientError as e:
                     code, status = self._code(e)
@@ -310,9 +381,11 @@ class S3Store(Store):
                         return retried and self._read_index(rel, len(entry) + 1) == entry
                     if code != "ConditionalRequestConflict" and status != 409:
                         raise
-            time.sleep(random.uniform(0, 0.1 * 2 ** attempt))
-        raise StoreError(f"publish s3://{self.bucket}/{obj}: still conflicting with another publisher after "
-                         f"{CONFLICT_ATTEMPTS} tries; publish again")
+            time.sleep(random.uniform(0, 0.1 * 2**attempt))
+        raise StoreError(
+            f"publish s3://{self.bucket}/{obj}: still conflicting with another publisher after "
+            f"{CONFLICT_ATTEMPTS} tries; publish again"
+        )
 
     def _read_index(self, rel: str, limit: int) -> bytes | None:
         from botocore.exceptions import ClientError, IncompleteReadError, ResponseStreamingError
@@ -346,9 +419,10 @@ class S3Store(Store):
     def _list(self, under: str):
         """(path relative to the prefix, object summary) of every object under prefix/under."""
         with self._errors("list", self.prefix + under):
-            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
-                                                                          Prefix=self.prefix + under)
-            return [(obj["Key"][len(self.prefix):], obj) for page in pages for obj in page.get("Contents", [])]
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + under
+            )
+            return [(obj["Key"][len(self.prefix) :], obj) for page in pages for obj in page.get("Contents", [])]
 
 
 class _Body:
@@ -371,7 +445,7 @@ class _Body:
             data = self.body._raw_stream.read1(len(view))
         except (BotoCoreError, HTTPError, OSError) as e:  # a reset, a timeout, a body shorter than its length
             raise Cut(type(e).__name__) from None
-        view[:len(data)] = data
+        view[: len(data)] = data
         return len(data)
 
     def close(self) -> None:

@@ -44,7 +44,8 @@ import os
 import random
 import threading
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from warmer.deadline import LOW_SPEED_BYTES, Deadline, unbounded
 from warmer.errors import StoreError
@@ -80,8 +81,8 @@ class Cut(Exception):
 
 
 class Answer(Protocol):
-    total: int | None   # the blob's size as the answer tells it (Content-Range's, or the file's)
-    whole: bool         # the body is the whole blob from byte 0, whatever range was asked
+    total: int | None  # the blob's size as the answer tells it (Content-Range's, or the file's)
+    whole: bool  # the body is the whole blob from byte 0, whatever range was asked
 
     def readinto(self, view: memoryview) -> int:
         """Bytes of the body into view, as one read of the connection brings them (at least one,
@@ -109,11 +110,22 @@ class BlobStream:
 
     hashes_itself = True  # archive.extract takes sha256 and bytes from here instead of hashing again
 
-    def __init__(self, sha256: str, open_range: OpenRange, *, size: int | None = None, where: str = "the store",
-                 part_size: int = 8 * MiB, threads: int = 8, window_bytes: int | None = None,
-                 probe_first: bool = False, attempts: int = DOWNLOAD_ATTEMPTS,
-                 on_close: Callable[[], None] | None = None, backoff_s: float = 0.1,
-                 deadline: Deadline | None = None):
+    def __init__(
+        self,
+        sha256: str,
+        open_range: OpenRange,
+        *,
+        size: int | None = None,
+        where: str = "the store",
+        part_size: int = 8 * MiB,
+        threads: int = 8,
+        window_bytes: int | None = None,
+        probe_first: bool = False,
+        attempts: int = DOWNLOAD_ATTEMPTS,
+        on_close: Callable[[], None] | None = None,
+        backoff_s: float = 0.1,
+        deadline: Deadline | None = None,
+    ):
         if part_size < 1 or threads < 1:
             raise ValueError("part_size and threads must be positive")
         # At least two parts; one more part than reads in flight, so that a part waiting for the
@@ -131,21 +143,23 @@ class BlobStream:
         self._cond = threading.Condition()
         self._size: int | None = None if probe_first or size is None else size
         self._sequential = False
-        self._bufs: dict[int, bytearray] = {}   # parts downloaded and not yet both read and hashed
-        self._ready: set[int] = set()           # parts whose bytes are all in their buffer
-        self._filled: dict[int, int] = {}       # bytes in the buffer so far, of parts being fetched
+        self._bufs: dict[int, bytearray] = {}  # parts downloaded and not yet both read and hashed
+        self._ready: set[int] = set()  # parts whose bytes are all in their buffer
+        self._filled: dict[int, int] = {}  # bytes in the buffer so far, of parts being fetched
         self._free: list[bytearray] = []
-        self._next_start = 0                    # the next part a thread takes
-        self._next_hash = 0                     # the next part to hash (in order)
-        self._hashing = False                   # a thread is hashing now
-        self._read_part = 0                     # the part the reader is in
-        self._leaving: int | None = None        # the reader took the last bytes of this part
-        self._pos = 0                           # the reader's offset in the blob
+        self._next_start = 0  # the next part a thread takes
+        self._next_hash = 0  # the next part to hash (in order)
+        self._hashing = False  # a thread is hashing now
+        self._read_part = 0  # the part the reader is in
+        self._leaving: int | None = None  # the reader took the last bytes of this part
+        self._pos = 0  # the reader's offset in the blob
         self._error: BaseException | None = None
         self._stopped = False
         self.checked = False
-        self._threads = [threading.Thread(target=self._work, args=(i,), name="warmer-blob-reader", daemon=True)
-                         for i in range(threads)]
+        self._threads = [
+            threading.Thread(target=self._work, args=(i,), name="warmer-blob-reader", daemon=True)
+            for i in range(threads)
+        ]
         for t in self._threads:
             t.start()
 
@@ -174,7 +188,7 @@ class BlobStream:
         view = self._next_view(len(out))
         if view is None:
             return 0
-        out[:len(view)] = view
+        out[: len(view)] = view
         return len(view)
 
     def drain(self) -> bool:
@@ -195,8 +209,10 @@ class BlobStream:
         if attempts == 1:
             e = BlobCorrupt(f"blob {self.name} in {self.where} hashes to {got}: corrupt in the store; not used")
         else:
-            e = BlobCorrupt(f"blob {self.name} from {self.where} hashed to {got} on each of {attempts} "
-                            "downloads: corrupt in the store or altered on the way; not used")
+            e = BlobCorrupt(
+                f"blob {self.name} from {self.where} hashed to {got} on each of {attempts} "
+                "downloads: corrupt in the store or altered on the way; not used"
+            )
         e.got = got
         return e
 
@@ -216,7 +232,7 @@ class BlobStream:
             self._on_close()
             self._on_close = None
 
-    def __enter__(self) -> "BlobStream":
+    def __enter__(self) -> BlobStream:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -232,8 +248,7 @@ class BlobStream:
         """The reader's wait for the threads (under the lock), never past the deadline: a second
         at a time, so that the deadline (and a cancel) is seen while bytes trickle in."""
         if self.deadline.expired():
-            raise self.deadline.error(f"{doing} of blob {self.name[:12]} from {self.where} "
-                                      f"({self.bytes} bytes read)")
+            raise self.deadline.error(f"{doing} of blob {self.name[:12]} from {self.where} ({self.bytes} bytes read)")
         self._cond.wait(min(1.0, self.deadline.left()))
 
     def _next_view(self, n: int) -> memoryview | None:
@@ -251,8 +266,9 @@ class BlobStream:
             k = self._pos // self._part
             off = self._pos - k * self._part
             if self.deadline.expired():  # also when every byte is here and extraction is what takes long
-                raise self.deadline.error(f"downloading blob {self.name[:12]} from {self.where} "
-                                          f"({self.bytes} of {self._size} bytes read)")
+                raise self.deadline.error(
+                    f"downloading blob {self.name[:12]} from {self.where} ({self.bytes} of {self._size} bytes read)"
+                )
             while self._arrived(k) <= off and self._error is None:
                 self._wait("downloading")
             if self._error is not None:
@@ -263,7 +279,7 @@ class BlobStream:
         self.bytes += take
         if off + take == self._part_len(k):
             self._leaving = k
-        return memoryview(buf)[off:off + take]
+        return memoryview(buf)[off : off + take]
 
     def _finish(self) -> None:
         """At the end (under the lock): wait until every part is hashed, then compare."""
@@ -274,8 +290,9 @@ class BlobStream:
         self.checked = True
         got = self.sha256.hexdigest()
         if got != self.name:
-            e = BlobCorrupt(f"blob {self.name} from {self.where} hashed to {got}: corrupt in the store or "
-                            "altered on the way")
+            e = BlobCorrupt(
+                f"blob {self.name} from {self.where} hashed to {got}: corrupt in the store or altered on the way"
+            )
             e.got = got
             raise e
 
@@ -362,8 +379,10 @@ class BlobStream:
                         return
                     end = k * self._part + self._part_len(k)
                 elif answer.total is not None and answer.total != size:
-                    raise BlobCorrupt(f"blob {self.name} in {self.where} is {answer.total} bytes, its index "
-                                      f"entry says {size}: not used")
+                    raise BlobCorrupt(
+                        f"blob {self.name} in {self.where} is {answer.total} bytes, its index "
+                        f"entry says {size}: not used"
+                    )
                 want = end - k * self._part
                 filled = self._fill(answer, k, buf, have, want, skip=start if answer.whole else 0)
                 if filled == want:
@@ -379,17 +398,20 @@ class BlobStream:
     def _backoff(self, k: int, attempt: int, why: str) -> None:
         """Wait before asking for part k again (attempt of PART_ATTEMPTS), saying so; give up when the
         deadline leaves no time for it."""
-        delay = random.uniform(0, self._backoff_s * 2 ** attempt)
+        delay = random.uniform(0, self._backoff_s * 2**attempt)
         if not self.deadline.allows(delay):
-            raise self.deadline.error(f"downloading part {k + 1} of blob {self.name[:12]} from {self.where} "
-                                      f"(cut short {attempt} times: {why})")
-        self.deadline.retrying(attempt + 1, PART_ATTEMPTS, delay, why,
-                               f"part {k + 1} of blob {self.name[:12]}")
+            raise self.deadline.error(
+                f"downloading part {k + 1} of blob {self.name[:12]} from {self.where} "
+                f"(cut short {attempt} times: {why})"
+            )
+        self.deadline.retrying(attempt + 1, PART_ATTEMPTS, delay, why, f"part {k + 1} of blob {self.name[:12]}")
         time.sleep(delay)  # backoff before asking again
 
     def _cut_short(self, why: str) -> StoreError:
-        return StoreError(f"the download of blob {self.name[:12]} from {self.where} was cut short {PART_ATTEMPTS} "
-                          f"times ({why}): check the network; not used")
+        return StoreError(
+            f"the download of blob {self.name[:12]} from {self.where} was cut short {PART_ATTEMPTS} "
+            f"times ({why}): check the network; not used"
+        )
 
     def _decide(self, answer: Answer, asked_end: int) -> int:
         """The first answer tells the size, and whether the server honours ranges."""
@@ -397,8 +419,10 @@ class BlobStream:
         if total is None:
             raise StoreError(f"{self.where} did not tell the size of blob {self.name[:12]}: not used")
         if self._expected_size is not None and total != self._expected_size:
-            raise BlobCorrupt(f"blob {self.name} in {self.where} is {total} bytes, its index entry says "
-                              f"{self._expected_size}: not used")
+            raise BlobCorrupt(
+                f"blob {self.name} in {self.where} is {total} bytes, its index entry says "
+                f"{self._expected_size}: not used"
+            )
         with self._cond:
             self._size = total
             self._sequential = answer.whole and total > asked_end
@@ -412,7 +436,7 @@ class BlobStream:
         view = memoryview(buf)
         speed = _LowSpeed(self.deadline.low_speed_s)
         while skip:
-            n = answer.readinto(view[filled:filled + min(skip, want - filled)])
+            n = answer.readinto(view[filled : filled + min(skip, want - filled)])
             if not n:
                 return filled
             skip -= n
@@ -420,7 +444,7 @@ class BlobStream:
         while filled < want:
             if self._stopped:  # closed, or another part failed: leave this one
                 raise Cut("stopped")
-            n = answer.readinto(view[filled:min(filled + READ_CHUNK, want)])
+            n = answer.readinto(view[filled : min(filled + READ_CHUNK, want)])
             if not n:
                 break
             filled += n
@@ -480,7 +504,7 @@ class BlobStream:
                     self._hashing = False
                     self._cond.notify_all()
                     return
-                view = memoryview(self._bufs[h])[:self._part_len(h)]
+                view = memoryview(self._bufs[h])[: self._part_len(h)]
             self.sha256.update(view)  # outside the lock: hashlib lets other threads run meanwhile
             with self._cond:
                 self._next_hash = h + 1
@@ -500,6 +524,8 @@ class _LowSpeed:
         now = time.monotonic()
         if now - self.since >= self.window:
             if self.bytes < LOW_SPEED_BYTES:
-                raise Cut(f"{self.bytes} bytes in {now - self.since:.0f} s, under {LOW_SPEED_BYTES >> 10} KiB "
-                          f"per {self.window:.0f} s (a trickle)")
+                raise Cut(
+                    f"{self.bytes} bytes in {now - self.since:.0f} s, under {LOW_SPEED_BYTES >> 10} KiB "
+                    f"per {self.window:.0f} s (a trickle)"
+                )
             self.since, self.bytes = now, 0
