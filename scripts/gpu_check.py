@@ -573,7 +573,7 @@ def main(argv: list[str]) -> int:
         set_nvcc(run.shadow, run.real_cuda, "restored", run.nvcc_version if run.device == "cpu" else None)
         if "flashinfer-jit" in todo:
             try:
-                from warmer import flashinfer_jit as fi
+                from warmer.components import flashinfer as fi
                 report["flashinfer_ninja_dry_run"] = fi.dry_run(run.root, run.env(None, log=False))
             except Exception as e:  # evidence only; the restored run is the check
                 report["flashinfer_ninja_dry_run"] = {"error": str(e)}

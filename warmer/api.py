@@ -19,21 +19,24 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 # What a node's fetch does not use (build, catalog, doctor, fleet, verify) is imported by the
 # function that needs it: about 20 ms of every `warmer fetch` (BENCHMARKS.md, "Against the link").
 from warmer import explain as _explain
 from warmer import fetch as _fetch
 from warmer import fingerprint as _fingerprint
-from warmer import flashinfer_jit, serving, signing
 from warmer import matrix as _matrix
 from warmer import restore as _restore
+from warmer import serving, signing
 from warmer.artifact import Artifact
 from warmer.atomic import write_bytes
+from warmer.components import flashinfer
 from warmer.deadline import DEFAULT_S as DEFAULT_DEADLINE_S
+from warmer.deadline import ENV as DEADLINE_ENV
 from warmer.deadline import Deadline
 from warmer.entry import IndexEntry
 from warmer.envfile import EnvFile
@@ -49,6 +52,57 @@ if TYPE_CHECKING:
 
 PathLike = str | os.PathLike
 _log = logging.getLogger("warmer")
+
+# -- Names callers need besides the functions: defaults, constants, result types. The CLI reaches no
+# module past this one (warmer.errors aside), so whatever it shows or passes on is named here.
+DEFAULT_MAX_BYTES = _restore.DEFAULT_MAX_BYTES
+DEFAULT_LOCK_TIMEOUT = _restore.DEFAULT_LOCK_TIMEOUT
+PUBLISH_DEADLINE_S = 3600.0  # `warmer publish`'s default: an upload of many GB over a CI runner's link
+DEFAULT_ROOT_BASE = _matrix.DEFAULT_ROOT_BASE
+github_matrix = _matrix.github  # matrix() entries as GitHub Actions' strategy.matrix
+Explanation = _explain.Explanation
+FetchResult = _fetch.FetchResult
+Fingerprint = _fingerprint.Fingerprint
+RestoreResult = _restore.RestoreResult
+ServePlan = serving.ServePlan
+
+# Those of modules a node's fetch does not import are imported when first named (PEP 562).
+_LAZY = {
+    "BuildResult": ("warmer.build", "BuildResult"),
+    "PublishResult": ("warmer.build", "PublishResult"),
+    "Collection": ("warmer.catalog", "Collection"),
+    "Listing": ("warmer.catalog", "Listing"),
+    "Removal": ("warmer.catalog", "Removal"),
+    "ORPHAN_GRACE": ("warmer.catalog", "ORPHAN_GRACE"),
+    "Diagnosis": ("warmer.doctor", "Diagnosis"),
+    "DOCTOR_ERROR": ("warmer.doctor", "ERROR"),
+    "DOCTOR_WARNING": ("warmer.doctor", "WARNING"),
+    "DOCTOR_INFO": ("warmer.doctor", "INFO"),
+    "LocalRoot": ("warmer.fleet", "LocalRoot"),
+    "Outcome": ("warmer.fleet", "Outcome"),
+    "VerifyResult": ("warmer.verify", "VerifyResult"),
+    "PHASE_ORDER": ("warmer.warmup", "PHASE_ORDER"),
+    "PHASE_NOTES": ("warmer.warmup", "PHASE_NOTES"),
+}
+if TYPE_CHECKING:  # the same names, for type checkers
+    from warmer.build import BuildResult, PublishResult
+    from warmer.catalog import ORPHAN_GRACE, Collection, Listing, Removal
+    from warmer.doctor import ERROR as DOCTOR_ERROR
+    from warmer.doctor import INFO as DOCTOR_INFO
+    from warmer.doctor import WARNING as DOCTOR_WARNING
+    from warmer.doctor import Diagnosis
+    from warmer.fleet import LocalRoot, Outcome
+    from warmer.verify import VerifyResult
+    from warmer.warmup import PHASE_NOTES, PHASE_ORDER
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module, attr = _LAZY[name]
+    return getattr(importlib.import_module(module), attr)
 
 
 def recipe(source: PathLike | Recipe) -> Recipe:
@@ -90,7 +144,7 @@ def build(
         Path(root),
         work,
         allow_partial=allow_partial,
-        sign_key=sign_key,
+        sign_key=str(sign_key) if sign_key else None,
     )
 
 
@@ -125,7 +179,10 @@ def publish(
     from warmer import build as _build
 
     return _build.publish(
-        store(store_url, **store_options), Path(artifact_file), sign_key, deadline=Deadline(deadline, "publish")
+        store(store_url, **store_options),
+        Path(artifact_file),
+        str(sign_key) if sign_key else None,
+        deadline=Deadline(deadline, "publish"),
     )
 
 
@@ -296,22 +353,20 @@ def serving_env(recipe_file: PathLike | Recipe | None, root: PathLike, *, offlin
     needed, e.g. in an image build that restores an artifact file)."""
     root = Path(os.path.abspath(root))
     marker = _restore.active(root)
-    if recipe_file is None and marker is None:
-        raise UsageError(
-            f"no artifact is active in {root}, so there is no recipe to write the env for: give --recipe RECIPE"
-        )
+    if marker is None:
+        if recipe_file is None:
+            raise UsageError(
+                f"no artifact is active in {root}, so there is no recipe to write the env for: give --recipe RECIPE"
+            )
+        return serving.vllm_env(recipe(recipe_file), root, offline=offline)
     r = recipe(recipe_file) if recipe_file is not None else Recipe.from_artifact(marker.artifact)
-    return (
-        serving.artifact_env(r, root, marker.artifact, offline=offline)
-        if marker
-        else serving.vllm_env(r, root, offline=offline)
-    )
+    return serving.artifact_env(r, root, marker.artifact, offline=offline)
 
 
 def serve_plan(
     recipe_file: PathLike | Recipe,
     root: PathLike,
-    extra: list[str] = (),
+    extra: Sequence[str] = (),
     *,
     env_file: PathLike | None = None,
     offline: bool = False,
@@ -364,7 +419,7 @@ class Inspection:
 
     def summary(self) -> dict:
         a = self.artifact
-        out = {
+        out: dict[str, Any] = {
             "key": a.key,
             "recipe": a.recipe.to_json(),
             "path_contract": a.path_contract.to_json(),
@@ -440,9 +495,9 @@ def matrix(
     root_base: str = _matrix.DEFAULT_ROOT_BASE,
 ) -> tuple[list[dict], list[str]]:
     """The recipe x GPU SKU entries for CI (one build job each), and the recipes that target no SKU."""
-    paths = [Path(p) for p in paths]
-    catalogue = Path(skus) if skus else _matrix.find_catalogue(paths)
-    return _matrix.entries(paths, _matrix.load_skus(catalogue), catalogue, only=only, root_base=root_base)
+    files = [Path(p) for p in paths]
+    catalogue = Path(skus) if skus else _matrix.find_catalogue(files)
+    return _matrix.entries(files, _matrix.load_skus(catalogue), catalogue, only=only, root_base=root_base)
 
 
 def doctor(
@@ -475,14 +530,39 @@ def flashinfer_check(
     )
     marker = _restore.active(root)
     built = marker.artifact.path_contract.flashinfer if marker else None
-    return flashinfer_jit.report(
-        root, env, built, backdate_inputs=backdate, include_site_packages=include_site_packages
-    )
+    return flashinfer.report(root, env, built, backdate_inputs=backdate, include_site_packages=include_site_packages)
 
 
 __all__ = [
+    "DEADLINE_ENV",
+    "DEFAULT_DEADLINE_S",
+    "DEFAULT_LOCK_TIMEOUT",
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_ROOT_BASE",
+    "DOCTOR_ERROR",
+    "DOCTOR_INFO",
+    "DOCTOR_WARNING",
+    "ORPHAN_GRACE",
+    "PHASE_NOTES",
+    "PHASE_ORDER",
+    "PUBLISH_DEADLINE_S",
+    "BuildResult",
+    "Collection",
+    "Diagnosis",
+    "Explanation",
+    "FetchResult",
+    "Fingerprint",
     "Inspection",
+    "Listing",
+    "LocalRoot",
+    "Outcome",
     "Packed",
+    "PublishResult",
+    "Removal",
+    "RestoreResult",
+    "ServePlan",
+    "VerifyResult",
+    "github_matrix",
     "build",
     "doctor",
     "explain",

@@ -19,25 +19,27 @@ Schema 1 (a JSON object):
 Newer warmers may add optional fields to schema 1; a reader keeps them (they are signed and
 hashed with the rest) and ignores what it does not know. The byte form (canonical()) is what
 ids and signatures are computed over, so an Artifact keeps the exact bytes it was parsed from:
-the files list compressed (FileList), the rest as it is.
+the files list compressed (FileList), the rest as it is (warmer.archive.manifest.Canonical, the
+one place that knows those bytes).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from warmer import __version__
-from warmer.archive import MANIFEST_LIMIT, FileEntry, FileList
+from warmer.archive import MANIFEST_LIMIT, FileEntry, FileList, manifest
+from warmer.archive.manifest import canonical as canonical  # artifact.canonical, for its callers
+from warmer.archive.manifest import load as load  # artifact.load, for entry's and restore's
 from warmer.components import flashinfer
 from warmer.contract import PathContract
 from warmer.fingerprint import Fingerprint
-from warmer.store import NAME
-from warmer.untrusted import Fields, InvalidDocument, load_json
+from warmer.names import NAME
+from warmer.untrusted import Fields, InvalidDocument
 from warmer.vllmkey import VllmKey
 
 SCHEMA_VERSION = 1
@@ -51,50 +53,12 @@ class ArtifactError(InvalidDocument):
     """artifact.json is missing, malformed, or of a schema this warmer does not read."""
 
 
-def canonical(doc: Mapping) -> bytes:
-    """The one byte form of an artifact.json: its id and signature are over these bytes. Compact, so
-    that json's C encoder writes it (indent takes the pure-Python one: 0.1 s at 10,000 files)."""
-    return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
-
-
-# Stands in for the files list while the rest of artifact.json is parsed (load) or written
-# (_canonical_at): the list itself is only ever bytes, as many as a file's entry takes.
-_HOLE = "\0warmer:files"
-_HOLE_JSON = json.dumps([_HOLE]).encode()
-
-
-def load(data: bytes, what: str, max_bytes: int, inside: tuple[str, ...] = ()) -> tuple[Any, memoryview | None]:
-    """json.loads(data) for a document that holds an artifact.json (at the keys `inside`), except
-    that its files list, when written as canonical() writes it, is left unparsed: the document
-    holds a stand-in, and the list's bytes come back beside it. (None: it is parsed in place.)
-    Parsed, the entries took 3.5 times their bytes, and 5.5 at the parse's peak."""
-    start = data.find(b'"files":[') + 8
-    end = FileList.span_end(data, start) if start >= 8 and len(data) <= max_bytes else None
-    if end is not None:
-        doc = load_json(b"".join((data[:start], _HOLE_JSON, data[end:])), what=what, max_bytes=max_bytes)
-        art = doc
-        for k in inside:
-            art = art.get(k) if isinstance(art, dict) else None
-        # json.loads keeps the last of two equal keys: the stand-in is where the list was only if it is there now
-        if isinstance(art, dict) and art.get("files") == [_HOLE]:
-            return doc, memoryview(data)[start:end]
-    return load_json(data, what=what, max_bytes=max_bytes), None
-
-
 def canonical_of(doc: Any, files: memoryview | None = None) -> bytes:
     """canonical(doc), or with files (from load) as its files list."""
-    if files is None:
-        return canonical(doc)
-    head, tail = _around_files(doc)
-    return b"".join((head, files, tail))
-
-
-def _around_files(doc: Mapping) -> tuple[bytes, bytes]:
-    """canonical() of doc, before and after its files list."""
-    head, *tail = canonical({**doc, "files": [_HOLE]}).split(_HOLE_JSON)
-    if len(tail) != 1:
-        raise ArtifactError(f"artifact.json holds the string {_HOLE!r}, which warmer reserves: refused")
-    return head, tail[0]
+    try:
+        return manifest.canonical_of(doc, files)
+    except InvalidDocument as e:
+        raise ArtifactError(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -104,9 +68,9 @@ class RecipeRef:
 
     name: str
     digest: str
-    identity: dict = field(hash=False)
+    identity: dict[str, Any] = field(hash=False)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "digest": self.digest, "identity": self.identity}
 
 
@@ -118,7 +82,7 @@ class ComponentSummary:
     files: int
     bytes: int
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "subdir": self.subdir,
             "env": list(self.env),
@@ -138,13 +102,13 @@ class Artifact:
     path_contract: PathContract
     components: dict[str, ComponentSummary] = field(hash=False)
     files: FileList = field(hash=False)  # canonical's files list, compressed
-    timings: dict = field(hash=False)
+    timings: dict[str, Any] = field(hash=False)
     created_at: str
     vllm: VllmKey | None
     serve_env: dict[str, str] = field(hash=False)
     cubins: tuple[str, ...]
     id: str = field(repr=False, compare=False)  # sha256 of canonical: identifies this artifact.json exactly
-    around_files: tuple[bytes, bytes] = field(repr=False, compare=False)  # canonical, before and after files
+    form: manifest.Canonical = field(repr=False, compare=False)  # canonical, in pieces (files is its list)
 
     # -- making one -----------------------------------------------------------------------------
 
@@ -158,13 +122,13 @@ class Artifact:
         path_contract: PathContract,
         components: Mapping[str, ComponentSummary],
         files: list[FileEntry],
-        timings: dict,
+        timings: dict[str, Any],
         vllm: VllmKey | None = None,
         serve_env: Mapping[str, str] | None = None,
         created_at: datetime | None = None,
     ) -> Artifact:
         """created_at: when it was made (default now; a build gives SOURCE_DATE_EPOCH's time)."""
-        doc = {
+        doc: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
             "warmer": __version__,
             "key": key,
@@ -172,7 +136,6 @@ class Artifact:
             "fingerprint": fingerprint.to_json(),
             "path_contract": path_contract.to_json(),
             "components": {n: c.to_json() for n, c in components.items()},
-            "files": [_HOLE],
             "timings": timings,
             "created_at": (created_at or datetime.now(UTC)).isoformat(timespec="seconds"),
         }
@@ -183,9 +146,9 @@ class Artifact:
         cubins = [f.path for f in files if f.path.startswith(CUBINS)]
         if cubins:
             doc["cubins"] = cubins
-        return cls.from_json(doc, memoryview(FileList.json_of(files)))
+        return cls.from_json(*manifest.with_files(doc, files))
 
-    def with_timings(self, **timings: dict) -> Artifact:
+    def with_timings(self, **timings: dict[str, Any]) -> Artifact:
         """The same artifact with timings added (verify's, measured after packing)."""
         doc = self.to_json()
         doc["timings"] = {**doc["timings"], **timings}
@@ -206,35 +169,29 @@ class Artifact:
         bytes of its files list, when doc holds load's stand-in for it."""
         try:
             f = Fields(doc, what)
-            schema = f.int("schema")
+            schema = f.integer("schema")
             if schema != SCHEMA_VERSION:
                 raise ArtifactError(
                     f"{what} has schema {schema}; this warmer ({__version__}) reads schema "
                     f"{SCHEMA_VERSION}: use the warmer version that built it, or rebuild"
                 )
-            key = f.str("key", max_len=64)
+            key = f.text("key", max_len=64)
             if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
                 raise ArtifactError(f"{what}.key must be 64 hex digits")
             r = f.obj("recipe")
-            recipe = RecipeRef(r.str("name", max_len=100), r.str("digest", max_len=64), r.obj("identity").doc)
+            recipe = RecipeRef(r.text("name", max_len=100), r.text("digest", max_len=64), r.obj("identity").doc)
             if not NAME.match(recipe.name):
                 raise ArtifactError(f"{what}.recipe.name {recipe.name[:40]!r} is not a recipe name")
             components = {}
             for name, c in f.items("components"):
                 components[name] = ComponentSummary(
-                    c.str("subdir"),
+                    c.text("subdir"),
                     c.str_list("env"),
-                    c.bool("relocatable"),
-                    c.int("files", low=0),
-                    c.int("bytes", low=0),
+                    c.flag("relocatable"),
+                    c.integer("files", low=0),
+                    c.integer("bytes", low=0),
                 )
-            if files is None:
-                files = json.dumps(f.list("files"), sort_keys=True, separators=(",", ":")).encode()
-            head, tail = _around_files(doc)
-            listed = FileList.parse(files, 0, len(files), f"{what}.files")
-            digest = hashlib.sha256(head)
-            digest.update(files)
-            digest.update(tail)
+            form = manifest.Canonical.of(doc, files, what)  # the files list checked, the id computed
             timings = f.obj("timings").doc
             vllm = VllmKey.from_json(f.obj("vllm")) if f.raw("vllm") is not None else None
             serve_env = f.str_map("serve_env") if f.raw("serve_env") is not None else {}
@@ -247,20 +204,20 @@ class Artifact:
             cubins = f.str_list("cubins") if f.raw("cubins") is not None else ()
             art = cls(
                 schema=schema,
-                warmer=f.str("warmer", max_len=64) if f.has("warmer") else "?",
+                warmer=f.text("warmer", max_len=64) if f.has("warmer") else "?",
                 key=key,
                 recipe=recipe,
                 fingerprint=Fingerprint.from_json(f.raw("fingerprint"), f"{what}.fingerprint"),
                 path_contract=PathContract.from_json(f.obj("path_contract")),
                 components=components,
-                files=listed,
+                files=form.files,
                 timings=timings,
-                created_at=f.str("created_at", max_len=64) if f.has("created_at") else "",
+                created_at=f.text("created_at", max_len=64) if f.has("created_at") else "",
                 vllm=vllm,
                 serve_env=serve_env,
                 cubins=cubins,
-                id=digest.hexdigest(),
-                around_files=(head, tail),
+                id=form.sha256,
+                form=form,
             )
         except ArtifactError:
             raise
@@ -268,22 +225,14 @@ class Artifact:
             raise ArtifactError(str(e)) from None
         return art
 
-    def to_json(self) -> dict:
-        return json.loads(self.canonical)
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.canonical)
+        return doc
 
     @property
     def canonical(self) -> bytes:
-        """The one byte form, whole (9.7 MB at 45,000 files): canonical_pieces() does not hold it."""
-        return b"".join(self.canonical_pieces())
-
-    def canonical_pieces(self) -> Iterator[bytes]:
-        yield self.around_files[0]
-        yield from self.files.pieces()
-        yield self.around_files[1]
-
-    @property
-    def canonical_size(self) -> int:
-        return len(self.around_files[0]) + self.files.nbytes + len(self.around_files[1])
+        """The one byte form, whole (9.7 MB at 45,000 files): form.pieces() does not hold it."""
+        return self.form.whole()
 
     # -- what it holds ------------------------------------------------------------------------------
 

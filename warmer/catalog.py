@@ -24,7 +24,8 @@ from datetime import UTC, datetime, timedelta
 from warmer import __version__
 from warmer.entry import IndexEntry
 from warmer.errors import StoreError, UntrustedInput, UsageError
-from warmer.store import HEX64, Blob, Store, open_store
+from warmer.names import HEX64
+from warmer.store import Blob, Store, open_store
 
 ORPHAN_GRACE = timedelta(hours=6)
 
@@ -116,7 +117,7 @@ def ls(store: Store, recipe: str | None = None) -> Listing:
         named = {e.blob.sha256 for e in entries}
         # An entry published since the index was listed names its blob too: list the blobs first, then
         # take out what the index names now.
-        blobs = [b for b in store.list_blobs() if b.sha256 not in named]
+        blobs: list[Blob] | None = [b for b in store.list_blobs() if b.sha256 not in named]
         if blobs:
             known = {(e.recipe, e.key) for e in entries}
             late, late_unreadable = read_entries(store, [rk for rk in store.list_index() if rk not in known])
@@ -210,7 +211,7 @@ def rm(url: str, *, yes: bool, **store_options) -> Removal:
         }
         store.write_audit(f"{now.strftime('%Y%m%dT%H%M%SZ')}-rm-{recipe}-{key[:16]}", json.dumps(record).encode())
         store.delete_index(recipe, key)
-        if delete_blob:
+        if delete_blob and blob is not None:  # delete_blob implies a blob; mypy cannot tell
             store.delete_blob(blob)
     return Removal(store.url, recipe, key, blob, delete_blob, not yes)
 

@@ -22,6 +22,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -220,23 +221,23 @@ def _rules(*fps: Fingerprint) -> list[tuple[Rule, Kind]]:
     return out
 
 
-def hard_fields(fp: Fingerprint) -> dict:
+def hard_fields(fp: Fingerprint) -> dict[str, Any]:
     """The fields that must be equal, flattened to dotted names: what the key is made of."""
     return {r.field: fp.get(r.field) for r, kind in _rules(fp) if kind == HARD}
 
 
-def key_identity(recipe_identity: Mapping) -> dict:
+def key_identity(recipe_identity: Mapping[str, Any]) -> dict[str, Any]:
     """The recipe identity as it enters the key: without per-pod env values."""
     env = recipe_identity.get("env") or {}
     volatile = volatile_env(env)
     return {**recipe_identity, "env": {k: v for k, v in env.items() if k not in volatile}}
 
 
-def _digest(doc) -> str:
+def _digest(doc: object) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def key(fp: Fingerprint, recipe_identity: Mapping) -> str:
+def key(fp: Fingerprint, recipe_identity: Mapping[str, Any]) -> str:
     """sha256 over the hard fields and the recipe identity: what a node looks up.
 
     Advisory fields (here the served model path recorded in the fingerprint) leave it alone; the
@@ -278,20 +279,20 @@ class Decision:
     reason: str
     why: str = ""  # what goes wrong when the rule does not hold
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "kind": self.kind.value}
 
     def line(self) -> str:
         return f"{self.field}: {self.reason}"
 
 
-def _show(value) -> str:
+def _show(value: object) -> str:
     if isinstance(value, list):
         return " ".join(map(str, value)) or "none"
     return "none" if value is None else str(value)
 
 
-def _equal_reason(field: str, built, node) -> str:
+def _equal_reason(field: str, built: object, node: object) -> str:
     if built == node:
         return "same"
     if isinstance(built, list) and isinstance(node, list):
@@ -305,7 +306,7 @@ def _equal_reason(field: str, built, node) -> str:
     return f"built with {_show(built)}, this node has {_show(node)}"
 
 
-def _at_least(built, node, spec: str) -> tuple[bool, str]:
+def _at_least(built: object, node: object, spec: str) -> tuple[bool, str]:
     """A ranged rule: the node's version against the build's (packaging's Version and SpecifierSet).
 
     >>> _at_least("570.133.20", "575.57.08", ">=")
@@ -329,14 +330,16 @@ def _at_least(built, node, spec: str) -> tuple[bool, str]:
     return False, f"{node} is older than the build's {built} (needs {spec} {built})"
 
 
-def gpus_needed(recipe_identity: Mapping | None) -> int:
+def gpus_needed(recipe_identity: Mapping[str, Any] | None) -> int:
     engine = (recipe_identity or {}).get("engine") or {}
     return int(engine.get("tensor_parallel_size", 1) or 1) * int(engine.get("pipeline_parallel_size", 1) or 1)
 
 
-def decisions(built: Fingerprint, node: Fingerprint, recipe_identity: Mapping | None = None) -> list[Decision]:
+def decisions(
+    built: Fingerprint, node: Fingerprint, recipe_identity: Mapping[str, Any] | None = None
+) -> list[Decision]:
     """Every rule, field by field: what the artifact was built on against this node."""
-    out = []
+    out: list[Decision] = []
     for rule, kind in _rules(built, node):
         b, n = built.get(rule.field), node.get(rule.field)
         if rule.field == "gpu.count":
@@ -360,7 +363,7 @@ def decisions(built: Fingerprint, node: Fingerprint, recipe_identity: Mapping | 
     return out
 
 
-def recipe_decisions(built_identity: Mapping, identity: Mapping) -> list[Decision]:
+def recipe_decisions(built_identity: Mapping[str, Any], identity: Mapping[str, Any]) -> list[Decision]:
     """The recipe the artifact was warmed with against the one asked for, field by field (hard)."""
     b, n = _flat(key_identity(built_identity)), _flat(key_identity(identity))
     name = identity.get("name", "the recipe")
@@ -379,9 +382,9 @@ def recipe_decisions(built_identity: Mapping, identity: Mapping) -> list[Decisio
     ]
 
 
-def _flat(doc, prefix: str = "") -> dict:
+def _flat(doc: object, prefix: str = "") -> dict[str, Any]:
     if isinstance(doc, dict) and doc:
-        out = {}
+        out: dict[str, Any] = {}
         for k, v in doc.items():
             out.update(_flat(v, f"{prefix}{k}."))
         return out

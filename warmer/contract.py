@@ -3,7 +3,7 @@ on a node where one differs.
 
 Path-fragile caches record the paths they depend on: vLLM keys its compile
 cache on the served model path string, Inductor's C++ kernels hold -I paths into the Python
-install, FlashInfer's build.ninja holds absolute paths (warmer.flashinfer_jit). build writes the
+install, FlashInfer's build.ninja holds absolute paths (warmer.components.flashinfer). build writes the
 contract into artifact.json; fetch and doctor compare it with the node's and say what rebuilds.
 """
 
@@ -14,8 +14,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from warmer import flashinfer_jit
+from warmer.components import flashinfer as fi_jit  # its module's name is this class's field
 from warmer.untrusted import Fields
 
 
@@ -25,7 +26,7 @@ class PathContract:
     model: str
     python_prefix: str
     user: str | None = None
-    flashinfer: flashinfer_jit.FlashInferContract | None = None
+    flashinfer: fi_jit.FlashInferContract | None = None
 
     @classmethod
     def here(cls, root: Path, model: str, env: Mapping[str, str]) -> PathContract:
@@ -35,35 +36,40 @@ class PathContract:
             model=model,
             python_prefix=sys.prefix,
             user=getpass.getuser(),
-            flashinfer=flashinfer_jit.contract(root, dict(env)),
+            flashinfer=fi_jit.contract(root, dict(env)),
         )
 
     @classmethod
     def from_json(cls, f: Fields) -> PathContract:
         fi = f.opt_obj("flashinfer")
         return cls(
-            root=f.str("root"),
-            model=f.str("model"),
-            python_prefix=f.str("python_prefix"),
-            user=f.opt_str("user", max_len=256),
-            flashinfer=flashinfer_jit.FlashInferContract.from_json(fi) if fi else None,
+            root=f.text("root"),
+            model=f.text("model"),
+            python_prefix=f.text("python_prefix"),
+            user=f.opt_text("user", max_len=256),
+            flashinfer=fi_jit.FlashInferContract.from_json(fi) if fi else None,
         )
 
-    def to_json(self) -> dict:
-        doc = {"root": self.root, "model": self.model, "python_prefix": self.python_prefix, "user": self.user}
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "root": self.root,
+            "model": self.model,
+            "python_prefix": self.python_prefix,
+            "user": self.user,
+        }
         if self.flashinfer is not None:
             doc["flashinfer"] = self.flashinfer.to_json()
         return doc
 
-    def warnings(self, root: Path, model: str, fixed_components: list[str], env: Mapping[str, str]) -> list[str]:
+    def warnings(self, root: Path, model: str, fixed_components: list[str]) -> list[str]:
         """What will be rebuilt on this node because a path the caches depend on differs.
 
-        fixed_components: the artifact's components that do not survive a move to another root;
-        env: the environment vLLM will start with (FlashInfer's rebuild triggers are read in it)."""
+        fixed_components: the artifact's components that do not survive a move to another root.
+        FlashInfer's own comparison (which modules, and why) is its component's check."""
         out = []
         fi = self.flashinfer
         if self.root != str(root):
-            # FlashInfer's own comparison below says which modules and why.
+            # FlashInfer's component check says which of its modules rebuild, and why.
             moved = [n for n in fixed_components if not (n == "flashinfer" and fi)]
             if moved:
                 out.append(
@@ -80,11 +86,4 @@ class PathContract:
                 f"python prefix {sys.prefix} differs from the build's {self.python_prefix}: Inductor's C++ "
                 "kernels will recompile"
             )
-        if fi and fi.modules:
-            reasons = flashinfer_jit.compare(fi, flashinfer_jit.contract(root, dict(env)))
-            if reasons:
-                out.append(
-                    f"FlashInfer will rebuild {len(fi.modules)} JIT module(s) ({', '.join(fi.modules[:5])}) "
-                    "because: " + "; ".join(reasons)
-                )
         return out

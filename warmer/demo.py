@@ -12,8 +12,12 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
-from warmer import api, build, fetch, report, tinymodel, verify, warmup
+from warmer import api, build, fetch, tinymodel, verify, warmup
+from warmer.cli import build as build_cli
+from warmer.cli import fetch as fetch_cli
+from warmer.cli import verify as verify_cli
 from warmer.recipe import load
 
 
@@ -41,13 +45,13 @@ def main(argv: list[str] | None = None) -> int:
 
     _step(f"build: warmer build {args.recipe} --store {store} --root {build_root}")
     built = build.build(recipe, store, build_root, logs)
-    print(report.build(built))
-    for line in report.uncovered(built.uncovered):
+    print(build_cli.report(built))
+    for line in build_cli.uncovered(built.uncovered):
         print(f"  warning: {line}")
 
     _step(f"fetch into an empty node root: warmer fetch {args.recipe} --store {store} --root {node_root}")
     got = fetch.fetch(recipe, store, node_root)
-    print(report.fetch(got))
+    print(fetch_cli.report(got))
     for w in got.warnings:
         print(f"  warning: {w}")
     env_file = work / "node.env"
@@ -57,10 +61,11 @@ def main(argv: list[str] | None = None) -> int:
 
     _step(f"verify the node: warmer verify {args.recipe} --root {node_root}")
     checked = verify.verify(recipe, node_root, logs, cold=built.cold, label="node-verify")
-    print(report.verify(checked))
+    print(verify_cli.report(checked))
 
     cold, warm = built.cold, checked.restored
-    summary = {
+    assert cold is not None  # the store was emptied above: the build warmed from cold
+    summary: dict[str, Any] = {
         "artifact_bytes": built.archive_bytes,
         "cache_bytes": built.bytes,
         "files": built.files,

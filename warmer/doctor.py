@@ -24,7 +24,8 @@ import importlib.util
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from pathlib import Path
 
 from warmer import compat, components, fingerprint, restore
@@ -32,9 +33,9 @@ from warmer.envfile import EnvFile
 from warmer.errors import UsageError
 from warmer.fingerprint import Fingerprint
 from warmer.mounts import classify, mount_of, parse_mountinfo, under
+from warmer.outlook import ERROR, INFO, WARNING, Finding, outlook
 from warmer.recipe import Recipe
 
-ERROR, WARNING, INFO = "error", "warning", "info"
 FIX_VOLUME = (
     "point {var} into a volume (a hostPath shared by the node's pods, or a persistent volume): "
     "`warmer fetch --env-file` in an init container fills one root there and writes the env "
@@ -74,18 +75,6 @@ IGNORED_BY_VLLM = {
     "VLLM_NIXL_SIDE_CHANNEL_HOST",
     "VLLM_NIXL_SIDE_CHANNEL_PORT",
 }
-
-
-@dataclass(frozen=True)
-class Finding:
-    severity: str
-    check: str
-    subject: str
-    what: str
-    fix: str
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -293,7 +282,7 @@ def _flashinfer(env, mounts, resolve, can_write, installed: bool) -> list[Findin
     return out
 
 
-def _per_pod_env(env: dict[str, str], hostnames: set[str]) -> list[Finding]:
+def _per_pod_env(env: dict[str, str], hostnames: AbstractSet[str]) -> list[Finding]:
     out = []
     hostnames = {h for h in hostnames if h and len(h) > 2}
 
@@ -395,98 +384,8 @@ def _artifact(
             "none",
         )
     ]
-    # Is it in use: the env vLLM starts with must point every cache into the root.
-    for var, want in components.cache_env(root).items():
-        have = env.get(var)
-        if have != want:
-            out.append(
-                Finding(
-                    ERROR,
-                    "artifact",
-                    var,
-                    f"{var} is {have!r}, not {want}: vLLM will not use the restored cache",
-                    "start vLLM with the env file `warmer fetch --env-file` wrote, or with `warmer serve`",
-                )
-            )
-    built_env = art.recipe.identity.get("env") or {}
-    for var, want in sorted(built_env.items()):
-        if env.get(var) != want and var not in compat.volatile_env(built_env):
-            out.append(
-                Finding(
-                    ERROR,
-                    "artifact",
-                    var,
-                    f"{var} is {env.get(var)!r} here and was {want!r} at "
-                    "build time: vLLM hashes its env, so the cache will miss",
-                    f"start vLLM with the env file warmer wrote (it sets {var})",
-                )
-            )
-    for var, want in sorted(art.serve_env.items()):
-        if env.get(var) != want:
-            out.append(
-                Finding(
-                    ERROR,
-                    "artifact",
-                    var,
-                    f"{var} is {env.get(var)!r} here; the build served with "
-                    f"{var}={want} (it added it: see `warmer inspect`), so vLLM will compile from cold",
-                    "start vLLM with the env file warmer wrote, or with `warmer serve`",
-                )
-            )
-    if art.vllm:  # what vLLM itself hashed at build, against the env it will start with here
-        for d in art.vllm.differences(env):
-            if d.name in built_env or d.name in art.serve_env:
-                continue  # said above
-            out.append(
-                Finding(
-                    ERROR if d.recompiles else INFO,
-                    "vllm-key",
-                    d.name,
-                    d.line(),
-                    f"start vLLM with {d.name} as at build ({'unset' if d.built is None else repr(d.built)}),"
-                    " or add it to the recipe's [env] and rebuild"
-                    if d.recompiles
-                    else "none",
-                )
-            )
-    served = recipe or Recipe.from_artifact(art)
-    fixed = [n for n, c in art.components.items() if not c.relocatable]
-    for w in art.path_contract.warnings(root, served.model, fixed, env):
-        out.append(
-            Finding(
-                WARNING,
-                "path-contract",
-                str(root),
-                w,
-                f"serve from the build's paths ({art.path_contract.root}, model "
-                f"{art.path_contract.model}), or build an artifact at these paths",
-            )
-        )
-    model = art.path_contract.model
-    if recipe is None and exists and model.startswith("/") and not exists(model):
-        out.append(
-            Finding(
-                WARNING,
-                "path-contract",
-                model,
-                f"the artifact was built for the model at {model}, "
-                "which does not exist here: vLLM keys its compile cache on that path",
-                f"serve the model from {model}",
-            )
-        )
-    if node:
-        bad = [d for d in compat.decisions(art.fingerprint, node(), art.recipe.identity) if not d.ok]
-        if bad:
-            out.append(
-                Finding(
-                    ERROR,
-                    "fit",
-                    str(root),
-                    "the active artifact does not fit this node: " + "; ".join(d.line() for d in bad),
-                    "replace it with `warmer fetch` (it restores only what fits), or build one on this GPU type",
-                )
-            )
-    return out
+    # Is it in use, and will it hit: the same outlook fetch and serve give.
+    return out + list(outlook(recipe, root, art, env, node=node() if node else None, exists=exists).findings)
 
 
 def _ownership(root: Path, owner: tuple[int, int] | None) -> list[Finding]:
@@ -521,7 +420,7 @@ def diagnose(
     exists: Callable[[str], bool] | None = None,
     node: Callable[[], Fingerprint] | None = None,
     user: str = "root",
-    hostnames: set[str] = frozenset(),
+    hostnames: AbstractSet[str] = frozenset(),
     flashinfer_installed: bool = True,
     owner: tuple[int, int] | None = None,
 ) -> Diagnosis:

@@ -14,12 +14,14 @@ recipe's or key's slot is refused, not activated.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 from warmer import artifact, signing
 from warmer.artifact import Artifact, ArtifactError
-from warmer.store import HEX64, MAX_INDEX_BYTES
+from warmer.names import HEX64, MAX_INDEX_BYTES
 from warmer.untrusted import Fields, InvalidDocument
 
 SCHEMA_VERSION = 1
@@ -70,14 +72,14 @@ class IndexEntry:
         return b"".join((head, b'"artifact":', self.artifact.canonical.rstrip(b"\n"), tail))
 
     @classmethod
-    def read(cls, data: bytes, recipe: str, key: str, trusted_keys=()) -> IndexEntry:
+    def read(cls, data: bytes, recipe: str, key: str, trusted_keys: Sequence[str | Path] = ()) -> IndexEntry:
         """The entry found at index/RECIPE/KEY; EntryError (or signing.SignatureError) if it is not one.
 
         With trusted_keys, the signature is checked over artifact.json's bytes first."""
         where = f"index entry {recipe}/{key[:16]}"
         doc, files = artifact.load(data, where, MAX_INDEX_BYTES, inside=("artifact",))
         f = Fields(doc, where)
-        schema = f.int("schema") if f.has("schema") else None
+        schema = f.integer("schema") if f.has("schema") else None
         if schema != SCHEMA_VERSION:
             raise EntrySchemaError(
                 f"{where} has schema {schema}, this warmer reads {SCHEMA_VERSION}: it was published by "
@@ -94,7 +96,7 @@ class IndexEntry:
             art = Artifact.from_json(art_doc, files, f"{where}.artifact")
         except ArtifactError as e:
             raise EntryError(str(e)) from None
-        found = (f.str("recipe", max_len=100), f.str("key", max_len=64), art.recipe.name, art.key)
+        found = (f.text("recipe", max_len=100), f.text("key", max_len=64), art.recipe.name, art.key)
         if found != (recipe, key, recipe, key):
             raise EntryError(
                 f"{where} holds the artifact of recipe {art.recipe.name} key {art.key[:16]}, not "
@@ -102,16 +104,16 @@ class IndexEntry:
                 "`warmer rm`)"
             )
         b = f.obj("blob")
-        sha = b.str("sha256", max_len=64)
+        sha = b.text("sha256", max_len=64)
         if not HEX64.match(sha):
             raise EntryError(f"{where}.blob.sha256 must be 64 lower-case hex digits")
         return cls(
             recipe,
             key,
-            BlobRef(sha, b.int("size", low=0)),
+            BlobRef(sha, b.integer("size", low=0)),
             art,
             signature,
-            _timestamp(f.str("published_at", max_len=64), f"{where}.published_at"),
+            _timestamp(f.text("published_at", max_len=64), f"{where}.published_at"),
             signed_by,
         )
 

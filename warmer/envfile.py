@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar, overload
 
 from warmer.errors import UsageError
 from warmer.untrusted import InvalidDocument
@@ -24,6 +25,8 @@ NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PLAIN = re.compile(r"^[A-Za-z0-9_./:,@%+=-]*$")  # nothing sh would expand or split
 FORMATS = ("dotenv", "shell")
 MAX_BYTES = 1 << 20
+
+_T = TypeVar("_T")
 
 
 class EnvFileError(InvalidDocument):
@@ -58,10 +61,14 @@ class EnvFile:
     def __iter__(self) -> Iterator[str]:
         return iter(self.vars)
 
-    def items(self):
+    def items(self) -> ItemsView[str, str]:
         return self.vars.items()
 
-    def get(self, name: str, default=None):
+    @overload
+    def get(self, name: str) -> str | None: ...
+    @overload
+    def get(self, name: str, default: _T) -> str | _T: ...
+    def get(self, name: str, default: object = None) -> object:
         return self.vars.get(name, default)
 
     def __getitem__(self, name: str) -> str:
@@ -108,12 +115,12 @@ class EnvFile:
                 body = line[len("export ") :]
             else:  # dotenv: a quoted value as sh reads it, an unquoted one literally (as docker does)
                 k, eq, v = line.partition("=")
-                body = line if v[:1] in ("'", '"') else None
-                if body is None:
+                if v[:1] not in ("'", '"'):
                     if not eq:
                         raise EnvFileError(f"{where}:{n}: {line[:60]!r} is not KEY=VALUE")
                     env[check_name(k.strip(), f"{where}:{n}")] = check_value(k, v, f"{where}:{n}")
                     continue
+                body = line
             try:
                 tokens = shlex.split(body, posix=True)
             except ValueError as e:

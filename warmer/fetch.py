@@ -7,6 +7,12 @@ corrupt blob, a full disk, a bug): the result is a miss with the reason, within 
 --require turns it into a failure. The operator's own input (the store URL, a key file, the
 recipe) is a UsageError, raised before anything is read: a typo must not be a cold start forever.
 
+The journey is three stages, each a value the next takes: choose (what the store offers this
+node: no root needed), activate (restore it into the root, or ready the root for a cold start;
+the rollback check runs under the lock, from one read of the marker) and the outlook (will vLLM
+hit there, and why not: warmer.outlook, the same answer serve and doctor give). The result is
+built once, from the three.
+
 The env describes what is active and usable: after a refused or failed restore it names no
 artifact (no cubin directory, no download ban), and a root the serving user cannot write is
 never handed to vLLM (it writes lock files there even on a full hit).
@@ -18,16 +24,18 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from warmer import compat, explain, fingerprint, flashinfer_jit, restore, serving, signing
+from warmer import compat, explain, fingerprint, restore, serving, signing
 from warmer.compat import Decision
-from warmer.deadline import Deadline, DeadlineExceeded
+from warmer.deadline import Deadline
 from warmer.entry import EntrySchemaError, IndexEntry
 from warmer.envfile import EnvFile
-from warmer.errors import StoreError, Terminated, UntrustedInput, UsageError, WarmerError
-from warmer.fingerprint import Gpus
+from warmer.errors import StoreError, Terminated, UntrustedInput, UsageError
+from warmer.fingerprint import Fingerprint, Gpus
+from warmer.outlook import Outlook, outlook
 from warmer.recipe import Recipe
-from warmer.store import Store, open_store
+from warmer.store import BlobStream, Store, open_store
 from warmer.vllmkey import FactorDifference
 
 HIT_STATUSES = ("hit", "already-active")
@@ -58,7 +66,7 @@ class FetchResult:
         return self.status in HIT_STATUSES
 
     def to_json(self) -> dict:
-        doc = {
+        doc: dict[str, Any] = {
             "recipe": self.recipe,
             "key": self.key,
             "store": self.store,
@@ -81,6 +89,61 @@ class FetchResult:
             "predicted_recompile": any(d.recompiles for d in self.vllm_differences),
         }
         return doc
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the store offers this node for a recipe. entry is set when its artifact may be
+    activated here; otherwise status says why not (miss, misfit, untrusted, error)."""
+
+    key: str
+    status: str | None = None
+    entry: IndexEntry | None = None
+    decisions: tuple[Decision, ...] = ()
+    nearest: explain.Nearest | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def choose(store: Store, recipe: Recipe, node: Fingerprint, *, trusted_keys: tuple = (), deadline: Deadline) -> Choice:
+    """One index lookup under this node's key, the entry's checks (its signature first), and the
+    fit of its artifact to this node. A store that fails or is slow is a miss, said in one line."""
+    key = compat.key(node, recipe.identity())
+    unfit = compat.unfit_reasons(node)
+    if unfit:  # no artifact fits this node: do not even look
+        return Choice(key, "miss", warnings=tuple(unfit))
+    try:
+        raw = deadline.call(
+            lambda: store.get_index(recipe.name, key),
+            f"reading the index entry {recipe.name}/{key[:16]} from {store.url}",
+        )
+    except (StoreError, UntrustedInput) as e:  # an unreachable store is a slow start too, not a failed pod
+        return Choice(key, "miss", warnings=(f"{e}; vLLM will compile from cold",))
+    if raw is None:
+        return _nothing_for(store, recipe, node, key, deadline)
+    try:
+        entry = IndexEntry.read(raw, recipe.name, key, trusted_keys)  # the signature first, then the rest
+        del raw  # artifact.json's bytes again (8 MiB at 45,000 files): not held through the download
+    except EntrySchemaError as e:
+        return Choice(key, "error", warnings=(f"not activated: {e}",))
+    except UntrustedInput as e:  # a bad signature, a malformed entry, or one copied from another slot
+        return Choice(key, "untrusted", warnings=(f"not activated: {e}",))
+    decided = tuple(compat.decisions(entry.artifact.fingerprint, node, recipe.identity()))
+    if not compat.fits(list(decided)):
+        return Choice(key, "misfit", entry, decided, warnings=tuple(d.line() for d in decided if not d.ok))
+    return Choice(key, None, entry, decided)
+
+
+def _nothing_for(store: Store, recipe: Recipe, node: Fingerprint, key: str, deadline: Deadline) -> Choice:
+    """A miss: the store has no entry under this key. Which artifact came nearest, and why it missed."""
+    warnings, nearest = [], None
+    try:
+        nearest = deadline.call(
+            lambda: explain.nearest(store, recipe, node), f"looking for the nearest artifact in {store.url}"
+        )
+    except (StoreError, UntrustedInput) as e:  # e.g. nodes may read entries but not list them
+        warnings.append(f"no nearest artifact to show: {e}")
+    warnings.append(f"no artifact for recipe {recipe.name} and this node (key {key[:16]}): vLLM will compile from cold")
+    return Choice(key, "miss", nearest=nearest, warnings=tuple(warnings))
 
 
 def fetch(
@@ -113,77 +176,114 @@ def fetch(
     restore.check_owner(owner)
     signing.check_public_keys(trusted_keys)
     store = _open(store_url, deadline, store_options or {})
+    check = _RecipeCheck(recipe)
+    node = check.around(lambda: _node(recipe, gpus))
     try:
-        node = fingerprint.probe(root=root, model=recipe.model)
-        if gpus is not None:
-            node = node.with_gpus(gpus)
-        key = compat.key(node, recipe.identity())
-    except Exception:
-        recipe.checked()  # unchecked (load's schema_later), the recipe may be what failed: name it
-        raise
-    out = {
-        "recipe": recipe.name,
-        "key": key,
-        "root": str(root),
-        "store": store.url,
-        "warnings": [],
-        "for_gpus": f"{gpus.describe()}, driver {gpus.driver}, from a saved fingerprint" if gpus else None,
-    }
-    checked = False
-
-    def check_recipe() -> None:
-        """recipe.checked(), once; a RecipeError is the caller's usage error, whatever the store said."""
-        nonlocal checked
-        if not checked:
-            out["warnings"][:0] = recipe.checked().notes
-            checked = True
-
-    art = None
-    try:
-        art = _fetch(
-            recipe,
-            store,
-            root,
-            node,
-            key,
-            out,
-            max_bytes=max_bytes,
-            trusted_keys=tuple(trusted_keys),
-            offline=offline,
-            serving_env=os.environ if serving_env is None else serving_env,
-            lock_timeout=lock_timeout,
-            progress=bool((store_options or {}).get("progress")),
-            check_recipe=check_recipe,
-            deadline=deadline,
-            owner=owner,
-        )
+        choice = choose(store, recipe, node, trusted_keys=tuple(trusted_keys), deadline=deadline)
     except (KeyboardInterrupt, SystemExit, Terminated, UsageError):
         raise
-    except DeadlineExceeded as e:  # a slow or silent store: a slow start, said in one line
-        out["status"] = "miss"
-        out["warnings"].append(f"{e}: not activated, {root} is unchanged; vLLM will compile from cold")
-    except Exception as e:  # the README's promise: whatever went wrong, the pod starts (slowly)
-        out["status"] = "error"
-        detail = str(e) if isinstance(e, WarmerError) else f"unexpected {type(e).__name__}: {e}"
-        if not detail.startswith("not activated"):
-            detail = f"not activated, {root} is unchanged: {detail}"
-        out["warnings"].append(f"{detail}; vLLM will compile from cold")
-    check_recipe()  # before anything is written: a miss or an error may not have needed it
-    hit = out["status"] in HIT_STATUSES
-    if not hit:
+    except Exception as e:  # a bug or an unforeseen store answer: still a slow start, said
+        check()  # but an unchecked recipe may be what failed: then its RecipeError
+        why = f"no artifact chosen: unexpected {type(e).__name__}: {e}; vLLM will compile from cold"
+        choice = Choice("", "error", warnings=(why,))
+    entry = choice.entry if choice.status is None else None
+    art = entry.artifact if entry else None
+
+    def open_blob() -> BlobStream:
+        assert entry is not None  # activate opens only what it was offered
+        return check.during(store.stream_blob(entry.blob.sha256, entry.blob.size))
+
+    activation = restore.activate(
+        root,
+        art,
+        open_blob,
+        recipe=recipe.name,
+        owner=owner,
+        ready=check,
+        archive_sha256=entry.blob.sha256 if entry else None,
+        max_bytes=max_bytes,
+        trusted_keys=tuple(trusted_keys),
+        signature=entry.signature if entry else None,
+        lock_timeout=lock_timeout,
+        progress=bool((store_options or {}).get("progress")),
+        deadline=deadline,
+        refuse_rollback=bool(trusted_keys),  # only signed artifacts can be rolled back
+    )
+    warnings = [*check.notes, *choice.warnings, *activation.warnings]
+    if not activation.active:
         art = None  # the env describes no artifact: nothing of a refused one (its cubins, no downloads)
         if offline or recipe.offline:
-            out["warnings"].append(
+            warnings.append(
                 "FLASHINFER_NO_DOWNLOAD (--offline, or the recipe's offline) is not set: no "
                 "artifact is active, so FlashInfer must be free to fetch what vLLM needs"
             )
-    out["env"], why = _serving_env(recipe, root, art, offline=offline, owner=owner)
-    if why:
-        out["warnings"].append(why)
-        if hit:
-            out["status"] = "unwritable"
-    out["warnings"] = tuple(out["warnings"])
-    return FetchResult(**out)
+    env = serving.vllm_env(
+        recipe,
+        activation.vllm_root,
+        files=art.files if art else None,
+        offline=offline,
+        added=art.serve_env if art else None,
+    )
+    served = {**(os.environ if serving_env is None else serving_env), **env.vars}
+    look = outlook(recipe, root, art, served) if art else Outlook()
+    return FetchResult(
+        recipe=recipe.name,
+        key=choice.key,
+        store=store.url,
+        root=str(root),
+        status=activation.status or choice.status or "error",
+        env=env,
+        warnings=(*warnings, *look.warnings),
+        decisions=choice.decisions,
+        nearest=choice.nearest,
+        restore=activation.restored,
+        build_timings=entry.artifact.timings if entry and activation.restored else None,
+        flashinfer=look.details.get("flashinfer") if activation.restored else None,
+        signed_by=entry.signed_by if entry else None,
+        for_gpus=f"{gpus.describe()}, driver {gpus.driver}, from a saved fingerprint" if gpus else None,
+        vllm_differences=look.differences,
+    )
+
+
+def _node(recipe: Recipe, gpus: Gpus | None) -> Fingerprint:
+    """This node as choose sees it: the root is no part of what fits (the path contract is the
+    outlook's); a saved fingerprint's GPUs stand in for this machine's."""
+    node = fingerprint.probe(model=recipe.model)
+    return node.with_gpus(gpus) if gpus is not None else node
+
+
+class _RecipeCheck:
+    """recipe.checked(), once: at the first moment that costs nothing (the first ranges of a
+    download on their way), and at the latest before anything is written. A recipe loaded with
+    schema_later that fails raises its RecipeError, the caller's usage error, whatever the store
+    said."""
+
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+        self.notes: tuple[str, ...] = ()
+        self.done = False
+
+    def __call__(self) -> None:
+        if not self.done:
+            self.notes = tuple(self.recipe.checked().notes)
+            self.done = True
+
+    def around(self, step: Callable[[], Fingerprint]) -> Fingerprint:
+        """step, and if it fails, the recipe's check first: an unchecked recipe may be what failed."""
+        try:
+            return step()
+        except Exception:
+            self()
+            raise
+
+    def during(self, stream: BlobStream) -> BlobStream:
+        """The recipe checked while stream's first ranges are on their way."""
+        try:
+            self()
+        except BaseException:
+            stream.close()
+            raise
+        return stream
 
 
 def _open(store_url: str | Store, deadline: Deadline, options: dict) -> Store:
@@ -191,158 +291,3 @@ def _open(store_url: str | Store, deadline: Deadline, options: dict) -> Store:
         store_url.deadline = deadline
         return store_url
     return open_store(store_url, deadline=deadline, **options)
-
-
-def _serving_env(
-    recipe: Recipe, root: Path, art, *, offline: bool, owner: tuple[int, int] | None
-) -> tuple[EnvFile, str | None]:
-    """The env vLLM starts with, and why it does not point at root (None when it does): a root the
-    serving user cannot write would crash vLLM (torch and vLLM write locks and temporary files
-    into it even on a full hit), so vLLM is sent to a directory of its own instead, cold."""
-    try:
-        problem = restore.prepare(root, owner)
-    except OSError as e:
-        problem = f"cannot prepare it ({e.strerror}: {e.filename or root})"
-    if problem is None:
-        env = (
-            serving.artifact_env(recipe, root, art, offline=offline)
-            if art is not None
-            else serving.vllm_env(recipe, root)
-        )
-        return env, None
-    uid = owner[0] if owner else os.geteuid()
-    cold = serving.cold_root(recipe, uid)
-    return serving.vllm_env(recipe, cold), (
-        f"{root} is not writable by uid {uid}, the user vLLM runs as: {problem}; vLLM would crash on its lock "
-        f"files there, so the env points it at {cold} (a cold start). {restore.ownership_fix(root, uid)}"
-    )
-
-
-def _older(offered, active) -> bool:
-    """Whether the offered artifact was created before the active one (both signed, same key)."""
-    a, b = offered.created(), active.created()
-    return a is not None and b is not None and a < b
-
-
-def _fetch(
-    recipe: Recipe,
-    store: Store,
-    root: Path,
-    node,
-    key: str,
-    out: dict,
-    *,
-    max_bytes: int,
-    trusted_keys: tuple,
-    offline: bool,
-    serving_env: Mapping[str, str],
-    lock_timeout: float,
-    progress: bool,
-    check_recipe: Callable[[], None],
-    deadline: Deadline,
-    owner: tuple[int, int] | None,
-):
-    """Sets out's status (and what it found); returns the artifact when it was restored or found
-    active, None otherwise."""
-    warnings = out["warnings"]
-    unfit = compat.unfit_reasons(node)
-    if unfit:  # no artifact fits this node: do not even look
-        out["status"] = "miss"
-        warnings += unfit
-        return None
-    try:
-        raw = deadline.call(
-            lambda: store.get_index(recipe.name, key),
-            f"reading the index entry {recipe.name}/{key[:16]} from {store.url}",
-        )
-    except (StoreError, UntrustedInput) as e:  # an unreachable store is a slow start too, not a failed pod
-        out["status"] = "miss"
-        warnings.append(f"{e}; vLLM will compile from cold")
-        return None
-    if raw is None:
-        out["status"] = "miss"
-        try:
-            out["nearest"] = deadline.call(
-                lambda: explain.nearest(store, recipe, node), f"looking for the nearest artifact in {store.url}"
-            )
-        except (StoreError, UntrustedInput) as e:  # e.g. nodes may read entries but not list them
-            warnings.append(f"no nearest artifact to show: {e}")
-        warnings.append(
-            f"no artifact for recipe {recipe.name} and this node (key {key[:16]}): vLLM will compile from cold"
-        )
-        return None
-    try:
-        entry = IndexEntry.read(raw, recipe.name, key, trusted_keys)  # the signature first, then the rest
-        del raw  # artifact.json's bytes again (8 MiB at 45,000 files): not held through the download
-    except EntrySchemaError as e:
-        out["status"] = "error"
-        warnings.append(f"not activated: {e}")
-        return None
-    except UntrustedInput as e:  # a bad signature, a malformed entry, or one copied from another slot
-        out["status"] = "untrusted"
-        warnings.append(f"not activated: {e}")
-        return None
-    art = entry.artifact
-    out["signed_by"] = entry.signed_by
-    decided = compat.decisions(art.fingerprint, node, recipe.identity())
-    out["decisions"] = tuple(decided)
-    if not compat.fits(decided):
-        out["status"] = "misfit"
-        warnings += [d.line() for d in decided if not d.ok]
-        return None
-    marker = restore.active(root, expect=art) if trusted_keys else None  # only signed artifacts can be rolled back
-    if (
-        marker
-        and marker.artifact.key == art.key
-        and marker.artifact.id != art.id
-        and _older(art, marker.artifact)
-        and restore.still_intact(marker, root, trusted_keys) is None
-    ):
-        out["status"] = "rollback"
-        warnings.append(
-            f"not activated: the store offers an artifact created {art.created_at}, older than the "
-            f"signed one active in {root} (created {marker.artifact.created_at}) for the same key: "
-            "a rollback; remove the old entry from the store (`warmer rm`) if it is intended"
-        )
-        return None
-    served = {**serving_env, **serving.artifact_env(recipe, root, art, offline=offline).vars}
-    warnings += art.path_contract.warnings(
-        root, recipe.model, [n for n, c in art.components.items() if not c.relocatable], served
-    )
-
-    def open_blob():
-        stream = store.stream_blob(entry.blob.sha256, entry.blob.size)
-        try:
-            check_recipe()  # the first ranges are on their way: this fits in their wait
-        except BaseException:
-            stream.close()
-            raise
-        return stream
-
-    result = restore.restore(
-        art,
-        open_blob,
-        root,
-        archive_sha256=entry.blob.sha256,
-        max_bytes=max_bytes,
-        trusted_keys=trusted_keys,
-        signature=entry.signature,
-        lock_timeout=lock_timeout,
-        owner=owner,
-        progress=progress,
-        deadline=deadline,
-    )
-    out["status"] = "hit" if result.status == "restored" else result.status
-    out["restore"] = result
-    out["build_timings"] = art.timings
-    # ninja's dry run of every restored JIT module, in the env vLLM will start with
-    out["flashinfer"] = flashinfer_jit.dry_run(root, served)
-    if out["flashinfer"]["clean"] is False:
-        dirty = [m for m, r in out["flashinfer"]["modules"].items() if not r["clean"]]
-        warnings.append(
-            f"ninja would rebuild FlashInfer module(s) {', '.join(dirty)}: see `warmer flashinfer-check --root {root}`"
-        )
-    if art.vllm:
-        out["vllm_differences"] = tuple(art.vllm.differences(served))
-        warnings += [d.line() for d in out["vllm_differences"]]
-    return art

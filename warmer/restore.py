@@ -16,12 +16,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import os
 import shutil
 import stat
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,16 +29,18 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from warmer import archive, artifact, components, signing
+from warmer import archive, components, signing
 from warmer.artifact import Artifact, ArtifactError
-from warmer.atomic import atomic_write
 from warmer.deadline import Deadline, DeadlineExceeded
-from warmer.errors import UsageError, WarmerError
+from warmer.errors import Terminated, UsageError, WarmerError
 from warmer.store import BlobCorrupt, BlobStream, StoreError
 from warmer.store.progress import Progress
 from warmer.untrusted import Fields, InvalidDocument, load_json
+
+# Opens an archive's bytes: a local file, or a store's BlobStream (read, read1, drain ...).
+Opener = Callable[[], AbstractContextManager[Any]]
 
 MARKER = ".warmer-artifact.json"  # in an active root: which artifact it holds
 PREPARED = ".warmer-root"  # in a root warmer prepared for vLLM to compile into (a miss)
@@ -46,6 +48,10 @@ DEFAULT_MAX_BYTES = 256 << 30
 DEFAULT_LOCK_TIMEOUT = 900.0  # a restore of a large artifact on a slow disk takes minutes
 MAX_MARKER_BYTES = archive.MANIFEST_LIMIT + (1 << 20)
 log = logging.getLogger("warmer")
+
+
+class Rollback(WarmerError):
+    """The offered artifact is older than the signed one active for the same key."""
 
 
 class RestoreError(WarmerError):
@@ -80,46 +86,34 @@ class Marker:
             f'"restored_at":"{self.restored_at}",'
         ).encode()
         yield b'"signature":' + json.dumps(self.signature.to_json() if self.signature else None).encode()
-        head, tail = self.artifact.around_files
-        yield _ARTIFACT_KEY + head
-        yield from self.artifact.files.pieces()
-        yield tail.removesuffix(b"\n") + b"}"  # canonical() ends with a newline, not a marker's copy
+        yield from archive.manifest.as_last_field(self.artifact.form, _ARTIFACT_KEY)
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str, expect: Artifact | None = None) -> Marker:
         """expect: the artifact the caller hopes is active. A marker that ends with its canonical
         bytes holds it: only the marker's head is parsed (a no-op fetch skips re-reading 10,000 entries)."""
-        at = _ends_with_artifact(data, expect) if expect is not None and len(data) <= MAX_MARKER_BYTES else None
-        if at is not None:
-            f = Fields(load_json(data[:at] + b"}", what=where, max_bytes=MAX_MARKER_BYTES), where)
+        if (
+            expect is not None
+            and len(data) <= MAX_MARKER_BYTES
+            and (head := archive.manifest.without_last_field(data, expect.form, _ARTIFACT_KEY)) is not None
+        ):
+            f = Fields(load_json(head, what=where, max_bytes=MAX_MARKER_BYTES), where)
             art = expect
         else:
-            doc, files = artifact.load(data, where, MAX_MARKER_BYTES, inside=("artifact",))
+            doc, files = archive.manifest.load(data, where, MAX_MARKER_BYTES, inside=("artifact",))
             f = Fields(doc, where)
             art = Artifact.from_json(f.obj("artifact").doc, files, f"{where}.artifact")
-        if f.str("artifact_id", max_len=64) != art.id:
+        if f.text("artifact_id", max_len=64) != art.id:
             raise InvalidDocument(f"{where}: its artifact_id does not match its artifact.json")
         return cls(
             art,
-            f.str("archive_sha256", max_len=64),
-            f.str("restored_at", max_len=64),
+            f.text("archive_sha256", max_len=64),
+            f.text("restored_at", max_len=64),
             signing.Signature.from_json(f.raw("signature"), f"{where}.signature"),
         )
 
 
-_ARTIFACT_KEY = b',"artifact":'
-
-
-def _ends_with_artifact(data: bytes, art: Artifact) -> int | None:
-    """Where the marker's head ends, if data ends with art's canonical bytes as pieces() writes
-    them: found from their sha256 (art.id), so that art's bytes are never made whole."""
-    size = art.canonical_size - 1  # canonical() ends with a newline, the marker's copy does not
-    at = len(data) - 1 - size - len(_ARTIFACT_KEY)
-    if at < 0 or not data.endswith(b"}") or data[at : at + len(_ARTIFACT_KEY)] != _ARTIFACT_KEY:
-        return None
-    digest = hashlib.sha256(memoryview(data)[len(data) - 1 - size : -1])
-    digest.update(b"\n")
-    return at if digest.hexdigest() == art.id else None
+_ARTIFACT_KEY = "artifact"  # the marker's last field: artifact.json's canonical bytes, as they are
 
 
 def active(root: Path, expect: Artifact | None = None) -> Marker | None:
@@ -484,7 +478,7 @@ class RestoreResult:
 
 def restore(
     art: Artifact,
-    open_archive: Callable[[], AbstractContextManager[BinaryIO]],
+    open_archive: Opener,
     root: Path,
     *,
     archive_sha256: str | None = None,
@@ -496,6 +490,7 @@ def restore(
     owner: tuple[int, int] | None = None,
     progress: bool = False,
     deadline: Deadline | None = None,
+    refuse_rollback: bool = False,
 ) -> RestoreResult:
     """Activate art in root; a no-op when it is already active and intact.
 
@@ -504,6 +499,8 @@ def restore(
     hash to archive_sha256. Anything else leaves root as it was. signature (already verified by
     the caller) is kept in the marker, so a later no-op can check it again. owner (uid, gid): the
     new tree is handed to it before it is swapped in (this process must be root: check_owner).
+    refuse_rollback: raise Rollback when art is older than the intact signed artifact active for the
+    same key (decided under the lock, from the one read of the marker).
     """
     root = check_root(root)
     check_owner(owner)
@@ -518,6 +515,12 @@ def restore(
                 if owner and os.geteuid() == 0 and os.lstat(root).st_uid != owner[0]:
                     _chown_tree(root, owner)  # restored by root before: hand it over now
                 return RestoreResult("already-active", str(root), art.key, round(time.perf_counter() - t0, 3))
+            if refuse_rollback and marker and _rolls_back(art, marker, root, trusted_keys):
+                raise Rollback(
+                    f"not activated: the store offers an artifact created {art.created_at}, older than the "
+                    f"signed one active in {root} (created {marker.artifact.created_at}) for the same key: "
+                    "a rollback; remove the old entry from the store (`warmer rm`) if it is intended"
+                )
             why = None if force or marker else _replaceable(root)
             if why:
                 raise not_activated(root, why)
@@ -537,7 +540,7 @@ def restore(
                     if bar:
                         bar.close()
                 done = Marker(art, got.archive_sha256, datetime.now(UTC).isoformat(timespec="seconds"), signature)
-                with atomic_write(staging / MARKER) as f:
+                with open(staging / MARKER, "xb") as f:  # staging is ours alone until the swap: no temp file
                     f.writelines(done.pieces())
                 if owner and os.geteuid() == 0:
                     _chown_tree(staging, owner)
@@ -555,6 +558,93 @@ def restore(
     return RestoreResult(
         "restored", str(root), art.key, round(time.perf_counter() - t0, 3), got.files, got.bytes, got.archive_bytes
     )
+
+
+def _rolls_back(offered: Artifact, marker: Marker, root: Path, trusted_keys) -> bool:
+    """Whether offered would replace a newer, intact, signed artifact of the same key."""
+    active = marker.artifact
+    if active.key != offered.key or active.id == offered.id:
+        return False
+    a, b = offered.created(), active.created()
+    return a is not None and b is not None and a < b and still_intact(marker, root, trusted_keys) is None
+
+
+@dataclass(frozen=True)
+class Activation:
+    """What a node's fetch left in root for vLLM. status: hit, already-active, unwritable (active,
+    but the serving user cannot write root), miss (past the deadline), rollback, error; None when
+    nothing was offered. vllm_root: where vLLM compiles (root, or a cold directory of its own when
+    root is not writable by it: vLLM writes lock files there even on a full hit)."""
+
+    status: str | None
+    vllm_root: Path
+    restored: RestoreResult | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def active(self) -> bool:
+        """Whether vLLM is pointed at the offered artifact."""
+        return self.status in ("hit", "already-active")
+
+
+def activate(
+    root: Path,
+    art: Artifact | None,
+    open_archive: Opener,
+    *,
+    recipe: str,
+    owner: tuple[int, int] | None = None,
+    ready: Callable[[], None] | None = None,
+    **options,
+) -> Activation:
+    """Restore art (when offered) into root, then ready root for vLLM either way: a miss or a
+    refused artifact still leaves a root vLLM compiles into. options: restore()'s. The operator's
+    own errors (UsageError, a recipe that fails its check: ready, called before the root is
+    prepared) and interrupts are raised; anything else that stops the restore is said, and root is
+    as it was. recipe: its name, for the cold directory."""
+    status, restored, warnings = None, None, []
+    if art is not None:
+        try:
+            restored = restore(art, open_archive, root, owner=owner, **options)
+            status = "hit" if restored.status == "restored" else restored.status
+        except (KeyboardInterrupt, SystemExit, Terminated, UsageError):
+            raise
+        except Exception as e:  # the README's promise: whatever went wrong, the pod starts (slowly)
+            status = "rollback" if isinstance(e, Rollback) else "miss" if isinstance(e, DeadlineExceeded) else "error"
+            warnings.append(_not_activated(e, root))
+    if ready is not None:
+        ready()
+    try:
+        problem = prepare(root, owner)
+    except OSError as e:
+        problem = f"cannot prepare it ({e.strerror}: {e.filename or root})"
+    if problem is None:
+        return Activation(status, root, restored, tuple(warnings))
+    uid = owner[0] if owner else os.geteuid()
+    cold = cold_root(recipe, uid)
+    warnings.append(
+        f"{root} is not writable by uid {uid}, the user vLLM runs as: {problem}; vLLM would crash on its lock "
+        f"files there, so the env points it at {cold} (a cold start). {ownership_fix(root, uid)}"
+    )
+    return Activation("unwritable" if status in ("hit", "already-active") else status, cold, restored, tuple(warnings))
+
+
+def _not_activated(e: Exception, root: Path) -> str:
+    """The one line for what stopped an activation."""
+    if isinstance(e, Rollback):
+        return str(e)
+    if isinstance(e, DeadlineExceeded):  # a slow or silent store: a slow start, said in one line
+        return f"{e}: not activated, {root} is unchanged; vLLM will compile from cold"
+    detail = str(e) if isinstance(e, WarmerError) else f"unexpected {type(e).__name__}: {e}"
+    if not detail.startswith("not activated"):
+        detail = f"not activated, {root} is unchanged: {detail}"
+    return f"{detail}; vLLM will compile from cold"
+
+
+def cold_root(recipe: str, uid: int) -> Path:
+    """Where vLLM compiles from cold when the root is not writable by it: a directory of the serving
+    user's own in the temporary directory (vLLM and torch create what they need under it)."""
+    return Path(tempfile.gettempdir()) / f"warmer-cold-{recipe}-{uid}"
 
 
 def _extract(
@@ -605,63 +695,16 @@ def _extract(
 
 
 def _files_of(art: Artifact, manifest: Iterator[memoryview]) -> archive.FileList:
-    """art's files, once the archive's artifact.json (in pieces) is found to be art. Its canonical
-    bytes are compared as they stream by, and neither side is held whole; another byte form of
-    the same artifact.json is parsed (_other_form)."""
-    expect, at = _Cursor(art.canonical_pieces()), 0
-    for piece in manifest:
-        if expect.take(len(piece)) != piece:
-            rest = _other_form(art, at, piece, manifest)
-            break
-        at += len(piece)
-    else:
-        rest = None if not expect.take(1) else art.canonical[:at]
+    """art's files, once the archive's artifact.json (in pieces) is found to be art: its canonical
+    bytes compared as they stream by, neither side held whole, or another byte form of the same
+    artifact.json, parsed (archive.manifest.other_bytes)."""
+    rest = archive.manifest.other_bytes(art.form, manifest)
     if rest is not None and Artifact.from_bytes(rest).id != art.id:
         raise archive.ArchiveError(
             "the archive's artifact.json is not the one this restore "
             "was asked for (the store's index and blob disagree)"
         )
     return art.files
-
-
-def _other_form(art: Artifact, at: int, piece: memoryview, rest: Iterator[memoryview]) -> bytes:
-    """An archive's artifact.json that left art's canonical bytes at `at` (with piece), whole, to be
-    parsed. Another form of the same one (indented) is longer by its whitespace: twice art's size
-    and 64 KiB more is room for that, and all a store writer without the key can make a node hold."""
-    most = 2 * art.canonical_size + (64 << 10)
-    parts, size = [art.canonical[:at], piece], at + len(piece)
-    while size <= most:
-        piece = next(rest, None)
-        if piece is None:
-            return b"".join(parts)
-        parts.append(piece)
-        size += len(piece)
-    raise archive.ArchiveError(
-        f"the archive's artifact.json is more than twice the size of the one this "
-        f"restore was asked for ({art.canonical_size} bytes; the store's index and blob "
-        "disagree): refused"
-    )
-
-
-class _Cursor:
-    """Bytes that come in pieces, taken n at a time whatever the pieces' bounds."""
-
-    def __init__(self, pieces: Iterator[bytes]):
-        self.pieces, self.left = iter(pieces), memoryview(b"")
-
-    def take(self, n: int) -> bytes:
-        out = []
-        while n:
-            if not self.left:
-                piece = next(self.pieces, None)
-                if piece is None:
-                    break
-                self.left = memoryview(piece)
-                continue
-            out.append(self.left[:n])
-            n -= len(out[-1])
-            self.left = self.left[len(out[-1]) :]
-        return b"".join(out)
 
 
 def read_artifact_file(path: Path) -> Artifact:

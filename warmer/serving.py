@@ -11,15 +11,14 @@ import json
 import os
 import shlex
 import sys
-import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 from warmer import components, restore
-from warmer.components import flashinfer
 from warmer.envfile import EnvFile
+from warmer.outlook import Outlook, outlook
 from warmer.recipe import Recipe
 from warmer.vllmkey import FactorDifference
 
@@ -29,7 +28,7 @@ def vllm_env(
 ) -> EnvFile:
     """The variables warmer sets for vLLM: caches under root, then the recipe's env.
 
-    files: the artifact's FileList, when one is restored (cubins it holds are pointed at);
+    files: the artifact's FileList, when one is restored (each component's env for what it holds);
     offline (or the recipe's offline), with an artifact: forbid FlashInfer downloads (a cubin the
     warm-up never fetched is then an error at serve time, not a download: only for nodes without
     network). Without an artifact the ban is never set: a cold start must be free to fetch what
@@ -41,7 +40,7 @@ def vllm_env(
     # socket. VLLM_RPC_BASE_PATH moves them back and is outside vLLM's compile key.
     env["VLLM_RPC_BASE_PATH"] = "/tmp"
     if files is not None:
-        env.update(flashinfer.artifact_env(files, root))
+        env.update(components.serve_env(files, root))
         if offline or recipe.offline:
             env["FLASHINFER_NO_DOWNLOAD"] = "1"
     env.update(recipe.env)
@@ -52,12 +51,6 @@ def vllm_env(
 def artifact_env(recipe: Recipe, root: Path, art, *, offline: bool = False) -> EnvFile:
     """vllm_env for an artifact restored in root (warmer.artifact.Artifact)."""
     return vllm_env(recipe, root, files=art.files, offline=offline, added=art.serve_env)
-
-
-def cold_root(recipe: Recipe, uid: int) -> Path:
-    """Where vLLM compiles from cold when the root is not writable by it: a directory of the serving
-    user's own in the temporary directory (vLLM and torch create what they need under it)."""
-    return Path(tempfile.gettempdir()) / f"warmer-cold-{recipe.name}-{uid}"
 
 
 def environ_for_vllm(recipe: Recipe, root: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -96,7 +89,7 @@ def has_vllm_cli() -> bool:
         return False
 
 
-def command(recipe: Recipe, extra: list[str] = ()) -> list[str]:
+def command(recipe: Recipe, extra: Sequence[str] = ()) -> list[str]:
     """The command that serves exactly what was warmed: the recipe's model, revision and engine args."""
     args = [*(["--revision", recipe.revision] if recipe.revision else []), *engine_flags(recipe.engine), *extra]
     if has_vllm_cli():
@@ -147,10 +140,12 @@ class ServePlan:
     differences: tuple[FactorDifference, ...] = ()
     hashed_extra: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    outlook: Outlook = field(default_factory=Outlook, hash=False, repr=False)  # the active artifact's
 
     @property
     def predicted_miss(self) -> bool:
-        return self.active is None or any(d.recompiles for d in self.differences) or bool(self.hashed_extra)
+        errors = any(f.severity == "error" for f in self.outlook.findings)
+        return self.active is None or self.outlook.recompiles or errors or bool(self.hashed_extra)
 
     def to_json(self) -> dict:
         return {
@@ -171,19 +166,20 @@ class ServePlan:
 def plan(
     recipe: Recipe,
     root: Path,
-    extra: list[str] = (),
+    extra: Sequence[str] = (),
     *,
     env_file: EnvFile | None = None,
     offline: bool = False,
     base: Mapping[str, str] | None = None,
 ) -> ServePlan:
     """Serve exactly what was warmed: the recipe's command, the env for the artifact active in root
-    (plus an env file's values on top), and the check of vLLM's own key in that final env."""
+    (plus an env file's values on top), and the outlook of the active artifact in that final env
+    (vLLM's own key among it)."""
     marker = restore.active(root)
     warnings = []
     problem = restore.unwritable(root)
     if problem is not None:  # vLLM writes lock files into the root even on a full hit: it would crash
-        cold = cold_root(recipe, os.geteuid())
+        cold = restore.cold_root(recipe.name, os.geteuid())
         cold.mkdir(mode=0o700, parents=True, exist_ok=True)
         restore.prepare(cold)
         warnings.append(
@@ -196,16 +192,9 @@ def plan(
     if env_file is not None:
         env = env.merged(env_file.vars)
     environ = {**(os.environ if base is None else base), **env.vars}
-    differences: tuple = ()
-    if marker is not None:
-        if marker.artifact.recipe.name != recipe.name:
-            warnings.append(
-                f"the artifact active in {root} is recipe {marker.artifact.recipe.name}'s, not {recipe.name}'s"
-            )
-        if marker.artifact.vllm:
-            differences = tuple(marker.artifact.vllm.differences(environ))
-            warnings += [d.line() for d in differences]
-    elif problem is None:  # an unwritable root is said above
+    look = outlook(recipe, root, marker.artifact, environ) if marker else Outlook()
+    warnings += look.warnings
+    if marker is None and problem is None:  # an unwritable root is said above
         warnings.append(
             f"no warmed cache is active in {root}: vLLM compiles from cold (slow start); see why in "
             "`warmer fetch`'s output (kubectl logs POD -c warmer-fetch), or run it first"
@@ -221,7 +210,8 @@ def plan(
         env,
         environ,
         marker.artifact.key if marker else None,
-        differences,
+        look.differences,
         tuple(hashed),
         tuple(warnings),
+        look,
     )

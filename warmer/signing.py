@@ -47,7 +47,7 @@ class Signature:
         if doc is None:
             return None
         f = Fields(doc, where)
-        return cls(f.str("alg", max_len=32), f.str("key_id", max_len=64), f.str("signature", max_len=256))
+        return cls(f.text("alg", max_len=32), f.text("key_id", max_len=64), f.text("signature", max_len=256))
 
     def to_json(self) -> dict:
         return {"alg": self.alg, "key_id": self.key_id, "signature": self.signature}

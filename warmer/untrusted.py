@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal, overload
 
 from warmer.errors import UntrustedInput
 
@@ -41,7 +41,7 @@ def load_json(data: bytes | str, *, what: str, max_bytes: int) -> Any:
 
 
 def _check_depth(doc: Any, what: str) -> None:
-    stack = [(doc, 1)] if isinstance(doc, (dict, list)) else []
+    stack: list[tuple[Any, int]] = [(doc, 1)] if isinstance(doc, (dict, list)) else []
     while stack:
         value, depth = stack.pop()
         if depth > MAX_DEPTH:
@@ -65,12 +65,17 @@ def _kind(value: Any) -> str:
 
 
 class Fields:
-    """Typed access to one JSON object; every failure names the field's path in the document."""
+    """Typed access to one JSON object; every failure names the field's path in the document.
 
-    def __init__(self, doc: Any, where: str):
+    Accessors are named for the JSON kind they want (text, integer, flag, array), not for the
+    builtins: a method named str or int would shadow the builtin in every annotation below it.
+    """
+
+    def __init__(self, doc: Any, where: str) -> None:
         if not isinstance(doc, dict):
             raise InvalidDocument(f"{where} must be an object, got {_kind(doc)}")
-        self.doc, self.where = doc, where
+        self.doc: dict[str, Any] = doc
+        self.where = where
 
     def _path(self, key: str) -> str:
         return f"{self.where}.{key}"
@@ -96,7 +101,7 @@ class Fields:
     def opt_obj(self, key: str) -> Fields | None:
         return None if self.doc.get(key) is None else self.obj(key)
 
-    def str(self, key: str, *, max_len: int = 1 << 16) -> str:
+    def text(self, key: str, *, max_len: int = 1 << 16) -> str:
         value = self.doc.get(key, _MISSING)
         if not isinstance(value, str):
             raise self._fail(key, "a string")
@@ -104,10 +109,10 @@ class Fields:
             raise InvalidDocument(f"{self._path(key)} is longer than {max_len} characters or holds a NUL: refused")
         return value
 
-    def opt_str(self, key: str, **kw) -> str | None:
-        return None if self.doc.get(key) is None else self.str(key, **kw)
+    def opt_text(self, key: str, *, max_len: int = 1 << 16) -> str | None:
+        return None if self.doc.get(key) is None else self.text(key, max_len=max_len)
 
-    def int(self, key: str, *, low: int = -MAX_INT, high: int = MAX_INT) -> int:
+    def integer(self, key: str, *, low: int = -MAX_INT, high: int = MAX_INT) -> int:
         value = self.doc.get(key, _MISSING)
         if not isinstance(value, int) or isinstance(value, bool):
             raise self._fail(key, "an integer")
@@ -115,8 +120,8 @@ class Fields:
             raise InvalidDocument(f"{self._path(key)} is {value}, outside {low}..{high}: refused")
         return value
 
-    def opt_int(self, key: str, **kw) -> int | None:
-        return None if self.doc.get(key) is None else self.int(key, **kw)
+    def opt_integer(self, key: str, *, low: int = -MAX_INT, high: int = MAX_INT) -> int | None:
+        return None if self.doc.get(key) is None else self.integer(key, low=low, high=high)
 
     def number(self, key: str) -> float:
         value = self.doc.get(key, _MISSING)
@@ -124,25 +129,29 @@ class Fields:
             raise self._fail(key, "a finite number")
         return value
 
-    def bool(self, key: str) -> bool:
+    def flag(self, key: str) -> bool:
         value = self.doc.get(key, _MISSING)
         if not isinstance(value, bool):
             raise self._fail(key, "true or false")
         return value
 
-    def list(self, key: str) -> list:
+    def array(self, key: str) -> list[Any]:
         value = self.doc.get(key, _MISSING)
         if not isinstance(value, list):
             raise self._fail(key, "a list")
         return value
 
     def str_list(self, key: str) -> tuple[str, ...]:
-        value = self.list(key)
+        value = self.array(key)
         if not all(isinstance(v, str) for v in value):
             raise InvalidDocument(f"{self._path(key)} must be a list of strings")
         return tuple(value)
 
-    def str_map(self, key: str, *, values_may_be_null: bool = False) -> dict[str, str | None]:
+    @overload
+    def str_map(self, key: str, *, values_may_be_null: Literal[False] = ...) -> dict[str, str]: ...
+    @overload
+    def str_map(self, key: str, *, values_may_be_null: bool) -> dict[str, str | None]: ...
+    def str_map(self, key: str, *, values_may_be_null: bool = False) -> dict[str, str] | dict[str, str | None]:
         fields = self.obj(key)
         for k, v in fields.doc.items():
             if not (isinstance(v, str) or (values_may_be_null and v is None)):
@@ -156,7 +165,7 @@ class Fields:
 
     def objs(self, key: str) -> list[Fields]:
         """The entries of a list of objects."""
-        return [Fields(v, f"{self._path(key)}[{i}]") for i, v in enumerate(self.list(key))]
+        return [Fields(v, f"{self._path(key)}[{i}]") for i, v in enumerate(self.array(key))]
 
 
 _MISSING = object()

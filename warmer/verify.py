@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmer import components, flashinfer_jit, progress, serving, warmup
+from warmer import components, progress, serving, warmup
+from warmer.components import flashinfer
 from warmer.recipe import Recipe
 
 
@@ -58,8 +59,9 @@ def delta(before: dict, after: dict) -> FileDelta:
     rewritten = sorted(p for p in after if p in before and after[p] != before[p] and components.of_path(p))
     by_component: dict[str, int] = {}
     for path in new + rewritten:
-        name = components.of_path(path).name
-        by_component[name] = by_component.get(name, 0) + 1
+        component = components.of_path(path)
+        assert component is not None  # new and rewritten hold only paths a component owns
+        by_component[component.name] = by_component.get(component.name, 0) + 1
     return FileDelta(len(new), len(rewritten), by_component, tuple((new + rewritten)[:10]))
 
 
@@ -112,13 +114,15 @@ def verify(
     """Run the engine on root once more and judge the hit; cold: the build's timings, if known.
     said_as: what the progress lines call this (build says "build: verify")."""
     warmup.require_model(recipe)
+    before = snapshot(root)  # ninja's dry run (-n) below writes nothing
+    env = serving.environ_for_vllm(recipe, root)
     # Before the engine starts: afterwards ninja would have rebuilt what it found dirty.
     with progress.step(f"{said_as}: FlashInfer ninja dry run"):
-        ninja = flashinfer_jit.dry_run(root, serving.environ_for_vllm(recipe, root))
-    before = snapshot(root)
+        ninja = flashinfer.dry_run(root, env)
     with progress.step(f"{said_as}: engine run on {root}", log_file=warmup.engine_log(workdir, label)) as s:
         run = warmup.run_engine(recipe, root, workdir, label, extra_env=extra_env)
-        files = delta(before, snapshot(root))
+        after = snapshot(root)
+        files = delta(before, after)
         s.done(f"{files.recompiled} recompiled file(s)")
     outside = tuple(u for u in run.uncovered if u["where"] == "home")
     events = run.log["events"]

@@ -59,9 +59,9 @@ class VllmKey:
     @classmethod
     def from_json(cls, f: Fields) -> VllmKey:
         return cls(
-            version=f.opt_str("version", max_len=64),
+            version=f.opt_text("version", max_len=64),
             env=f.str_map("env", values_may_be_null=True),
-            config_hash=f.opt_str("config_hash", max_len=128),
+            config_hash=f.opt_text("config_hash", max_len=128),
             cache_dirs=f.str_list("cache_dirs"),
         )
 

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from warmer import components, restore, serving, vllmkey
 from warmer.errors import UsageError, WarmerError
@@ -180,12 +181,12 @@ def sandbox_env(sandbox: Path) -> dict[str, str]:
     }
 
 
-def census(root: Path, sandbox: Path | None) -> tuple[dict, ...]:
-    """Every file no component packs: in the root outside the components' rules, and anywhere in
-    the sandbox. Lock files and temporaries (components.base.ALWAYS_EXCLUDED) and files a
-    component deliberately leaves out are not caches."""
+def census(root: Path, files: list[tuple[str, int]], sandbox: Path | None) -> tuple[dict, ...]:
+    """Every file no component packs: of root's files (_files(root)) those outside the components'
+    rules, and any in the sandbox. Lock files and temporaries (components.base.ALWAYS_EXCLUDED)
+    and files a component deliberately leaves out are not caches."""
     out = []
-    for rel, size in _files(root):
+    for rel, size in files:
         if rel in (restore.MARKER, restore.PREPARED) or components.of_path(rel) or components.excluded(rel):
             continue
         out.append({"path": str(root / rel), "bytes": size, "where": "root"})
@@ -218,14 +219,17 @@ class EngineRun:
     log_path: Path
     sandbox: Path
     uncovered: tuple[dict, ...] = ()  # census after the run
+    vllm: vllmkey.VllmKey | None = None  # what vLLM hashed, with the compile-cache folders its key named
 
-    def vllm_key(self, root: Path) -> vllmkey.VllmKey | None:
-        """What vLLM hashed in this run, with the compile-cache folders its key named in root."""
-        vk = self.result.get("vllm_key")
-        if not vk:
-            return None
-        files = [rel for rel, _ in _files(root)]
-        return vllmkey.VllmKey(vk.get("version"), vk.get("env") or {}, vk.get("config_hash"), vllmkey.cache_dirs(files))
+
+def _vllm_key(result: dict, files: list[tuple[str, int]]) -> vllmkey.VllmKey | None:
+    """What vLLM hashed in a run (result: the child's), with the compile-cache folders its key named
+    among the root's files."""
+    vk = result.get("vllm_key")
+    if not vk:
+        return None
+    dirs = vllmkey.cache_dirs([rel for rel, _ in files])
+    return vllmkey.VllmKey(vk.get("version"), vk.get("env") or {}, vk.get("config_hash"), dirs)
 
 
 def engine_log(workdir: Path, label: str) -> Path:
@@ -263,7 +267,7 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
     sandbox = workdir / f"{label}.home"
     shutil.rmtree(sandbox, ignore_errors=True)
     sandbox.mkdir()
-    spec = {"model": recipe.model, "engine": dict(recipe.engine), "workload": recipe.workload.spec()}
+    spec: dict[str, Any] = {"model": recipe.model, "engine": dict(recipe.engine), "workload": recipe.workload.spec()}
     if recipe.revision:
         spec["engine"].setdefault("revision", recipe.revision)
     spec_path.write_text(json.dumps(spec, indent=1))
@@ -306,6 +310,7 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
                 pass
             proc.wait()
             stamper.join(timeout=30)  # the group is gone: the pipe ends
+            assert proc.stdout is not None  # stdout=PIPE
             proc.stdout.close()
     wall = time.perf_counter() - t0
     text = log_path.read_text(errors="replace")
@@ -313,7 +318,16 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
         tail = "\n".join(text.splitlines()[-25:])
         raise WarmupError(f"{label}: the engine exited with code {rc}; log: {log_path}\n{tail}")
     result = json.loads(result_path.read_text())
-    return EngineRun(result, parse_log(text, result, wall), round(wall, 3), log_path, sandbox, census(root, sandbox))
+    files = _files(root)  # walked once after the run: the census and vLLM's key both read it
+    return EngineRun(
+        result,
+        parse_log(text, result, wall),
+        round(wall, 3),
+        log_path,
+        sandbox,
+        census(root, files, sandbox),
+        _vllm_key(result, files),
+    )
 
 
 def _stamp_lines(pipe, log, t0: float) -> None:

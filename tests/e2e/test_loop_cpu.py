@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import REPO, run_python
 from warmer import recipe as recipes
-from warmer import components, serving, verify, warmup
+from warmer import components, restore, serving, verify, warmup
 
 pytestmark = pytest.mark.e2e
 TINY = REPO / "manifests" / "models" / "tiny-llama-cpu.toml"
@@ -261,7 +261,7 @@ def test_root_restores_uid_1000_serves_warm_with_the_handover_cold_without(tmp_p
     restore_as_root(kept)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WARMER_TINY_MODEL", str(tiny_model))
-        cold_root = serving.cold_root(recipes.load(TINY), SERVING)
+        cold_root = restore.cold_root(recipes.load(TINY).name, SERVING)
     shutil.rmtree(cold_root, ignore_errors=True)
     try:
         cold = served(TINY, kept, None, tiny_model, tmp_path, extra_env=as_pod, label="serve-root-owned",

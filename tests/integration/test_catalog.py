@@ -12,7 +12,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tests.fixtures import nodes
-from warmer import catalog, report
+from warmer import catalog
+from warmer.cli import gc, ls
 from warmer.archive import FileEntry
 from warmer.artifact import Artifact, RecipeRef
 from warmer.contract import PathContract
@@ -77,7 +78,7 @@ def test_ls_lists_every_artifact_newest_first(store, fleet):
         ("other", "x86_64/cpu", (NOW - timedelta(days=19)).isoformat()[:10]),
         ("other", "x86_64/cpu", (NOW - timedelta(days=20)).isoformat()[:10])]
     assert {r.key for r in catalog.ls(store, "tiny").rows} == {e.key for n, e in fleet.items() if "cpu" not in n}
-    text = report.ls(listing)
+    text = ls.report(listing)
     assert fleet["h100-30"].key[:16] in text and "x86_64/NVIDIA H100 80GB HBM3" in text
 
 
@@ -134,19 +135,19 @@ def test_ls_and_gc_dry_run_show_orphan_blobs(store, tmp_path):
     orphan, size = put_blob(store, tmp_path)
     listing = catalog.ls(store)
     assert [b.sha256 for b in listing.orphans] == [orphan] and listing.orphans[0].size == size
-    assert f"1 orphan blob(s), {size / 1e6:.1f} MB that no index entry names" in report.ls(listing)
+    assert f"1 orphan blob(s), {size / 1e6:.1f} MB that no index entry names" in ls.report(listing)
     assert {"orphan_blob": orphan, "bytes": size}.items() <= listing.to_json()[-1].items()
     assert catalog.ls(store, "tiny").orphans is None  # one recipe's entries cannot say which blobs are orphans
     assert [r.key for r in catalog.ls(store, "tiny").rows] == [entry.key]
 
     young = catalog.gc(store, 1, dry_run=True)
     assert young.orphans_deleted == () and [b.sha256 for b in young.orphans_kept] == [orphan]
-    text = report.gc(young)
+    text = gc.report(young)
     assert f"kept: orphan blob {orphan[:16]}" in text and "younger than 6 h" in text
     later = datetime.now(timezone.utc) + catalog.ORPHAN_GRACE + timedelta(minutes=5)
     old = catalog.gc(store, 1, dry_run=True, now=later)
     assert [b.sha256 for b in old.orphans_deleted] == [orphan] and old.orphans_kept == ()
-    assert f"would delete: orphan blob {orphan[:16]}" in report.gc(old)
+    assert f"would delete: orphan blob {orphan[:16]}" in gc.report(old)
     assert old.deleted_blobs == (orphan,) and orphan in {b.sha256 for b in store.list_blobs()}  # a dry run
 
 

@@ -22,8 +22,8 @@ from warmer.archive import ArchiveError, FileEntry, FileList
 def test_member_header_is_the_one_tarfile_writes(name, size, mode, mtime_ns):
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime, info.type = size, mode & archive.MODE_MASK, mtime_ns // 10 ** 9, tarfile.REGTYPE
-    assert archive._member_header(name, size, mode, mtime_ns) == info.tobuf(format=tarfile.PAX_FORMAT,
-                                                                            encoding="utf-8", errors="strict")
+    assert archive.tarwrite._member_header(name, size, mode, mtime_ns) == info.tobuf(format=tarfile.PAX_FORMAT,
+                                                                                     encoding="utf-8", errors="strict")
 
 
 def _tree(root):
@@ -107,12 +107,12 @@ def test_header_parser_agrees_with_tarfile(fmt, name, size, mode, kind):
     except ValueError:
         pytest.skip("not representable in this format")
     ref = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-    got = archive._parse_header(block)
+    got = archive.tarread._parse_header(block)
     assert (got.name, got.type, got.mode, got.size) == (ref.name, ref.type, ref.mode, ref.size)
     bad = bytearray(block)
     bad[5] ^= 1  # the checksum no longer holds: an error (tarfile's, as ArchiveError), not a silent parse
     with pytest.raises(archive.ArchiveError, match="checksum"):
-        archive._parse_header(bytes(bad))
+        archive.tarread._parse_header(bytes(bad))
 
 
 def test_a_corrupt_byte_in_a_big_file_is_refused(tmp_path):

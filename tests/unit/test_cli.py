@@ -261,3 +261,24 @@ def test_a_closed_stdout_ends_quietly_as_coreutils_do(tmp_path, store_with_one, 
 def test_a_store_that_is_not_there_is_still_an_error_with_a_closed_stdout(tmp_path):
     proc = _closed_stdout("ls", "--store", f"file://{tmp_path / 'absent'}")
     assert proc.returncode == 1 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# -- the commands are warmer/cli's modules ------------------------------------------------------------
+
+def test_the_commands_are_found_in_the_package_in_the_order_help_lists_them():
+    from warmer import cli
+    found = cli.commands()
+    assert [cli.name_of(m) for m in found] == [
+        "fingerprint", "explain", "build", "pack", "publish", "fetch", "restore", "verify", "flashinfer-check",
+        "inspect", "ls", "gc", "rm", "matrix", "serve", "doctor"]
+    assert len({m.ORDER for m in found}) == len(found) and all(m.HELP for m in found)
+
+
+def test_a_command_imports_no_other_commands_module_and_its_usage_errors_show_them_all():
+    code = ("import sys\nfrom warmer.cli import main\ntry:\n    main(['fetch', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('warmer.cli')), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.stderr.strip() == "['warmer.cli', 'warmer.cli.fetch', 'warmer.cli.render']", out.stderr
+    # An error argparse reports at the top (an unknown flag) still names every command in its usage line.
+    bad = run_warmer("fetch", "--no-such-flag")
+    assert bad.returncode == 2 and "{fingerprint,explain,build," in bad.stderr and ",doctor}" in bad.stderr, bad.stderr

@@ -10,7 +10,8 @@ import pytest
 
 from tests.conftest import REPO, tiny_recipe
 from tests.fixtures import nodes
-from warmer import components, doctor, mounts, report, restore, serving
+from warmer import components, doctor, mounts, restore, serving
+from warmer.cli import doctor as doctor_cli
 from warmer.envfile import EnvFile
 
 SAMPLES = REPO / "tests" / "fixtures" / "mountinfo"
@@ -251,7 +252,7 @@ def test_root_without_an_artifact_says_where_to_look(tmp_path):
 def test_the_report_keeps_each_name_apart_from_its_value_and_never_says_none(active_root):
     # Nothing points into the root: every cache var is unset, so the findings quote unset values.
     result = doctor.diagnose(dict(POD_ENV), sample("overlay-root"), root=active_root)
-    text = report.doctor(result)
+    text = doctor_cli.report(result)
     assert "None" not in text and "VLLM_CACHE_ROOT is unset, not " in text, text
     lines = text.splitlines()
     assert lines[1].split() == ["VARIABLE", "PATH", "FILESYSTEM"]

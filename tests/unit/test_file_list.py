@@ -70,7 +70,7 @@ def test_paths_that_share_a_hash_are_compared_before_one_is_called_a_repeat(monk
     """A path listed twice is found from 8 bytes a file (its hash, in one buffer); two paths with
     one hash are then compared whole, so a collision is never taken for a repeat."""
     entries = _entries(50)
-    monkeypatch.setattr(archive, "hash", lambda _: 42, raising=False)  # every path collides
+    monkeypatch.setattr(archive.filelist, "hash", lambda _: 42, raising=False)  # every path collides
     assert list(FileList.of(entries)) == entries
     with pytest.raises(InvalidDocument, match="lists 'inductor/05/c000005kernel.so' twice"):
         FileList.of(entries + entries[5:6])

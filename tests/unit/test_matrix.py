@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, run_warmer
-from warmer import matrix, report
+from warmer import matrix
+from warmer.cli.build import step_summary
 from warmer.build import BuildResult, PublishResult
 from warmer.restore import RestoreResult
 from warmer.verify import FileDelta, VerifyResult
@@ -153,7 +154,7 @@ BUILD_RESULT = BuildResult(
 
 
 def test_step_summary_has_cold_time_size_and_verify():
-    md = report.step_summary(BUILD_RESULT, recipe="llama")
+    md = step_summary(BUILD_RESULT, recipe="llama")
     assert "published" in md.splitlines()[0]
     assert "| engine start (LLM() to ready) | 212.4 s | 61.0 s |" in md
     assert "1500.0 MB packed to 400.0 MB" in md and "**hit**, 0 recompiled" in md
@@ -161,10 +162,10 @@ def test_step_summary_has_cold_time_size_and_verify():
 
 
 def test_step_summary_of_a_failure_and_of_nothing_to_do():
-    md = report.step_summary(replace(BUILD_RESULT, verify=_verify("miss", 7, {})),
+    md = step_summary(replace(BUILD_RESULT, verify=_verify("miss", 7, {})),
                              recipe="llama", error="verify found 7 recompiled file(s)")
     assert "failed" in md.splitlines()[0] and "> verify found 7" in md and "**miss**, 7 recompiled" in md
-    md = report.step_summary(BuildResult("x", "cd" * 32, "s3://b", "already-published"), recipe="x")
+    md = step_summary(BuildResult("x", "cd" * 32, "s3://b", "already-published"), recipe="x")
     assert "nothing built" in md and "cdcdcdcd" in md
 
 

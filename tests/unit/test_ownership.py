@@ -70,7 +70,7 @@ def test_a_root_owned_root_is_never_handed_to_vllm(node):
     root = node["base"] / "tiny"
     out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--require")
     assert out.returncode == 0 and os.stat(root / "inductor").st_uid == 0, out.stderr
-    cold = serving.cold_root(load(node["recipe"]), SERVING)
+    cold = restore.cold_root(load(node["recipe"]).name, SERVING)
 
     refused = warmer("serve", node["recipe"], "--root", root, "--dry-run", "--require-hit", uid=SERVING,
                      home=node["home"])
@@ -124,7 +124,7 @@ def test_a_fetch_that_cannot_write_its_root_points_vllm_elsewhere(node):
                  uid=SERVING, home=node["home"])
     assert out.returncode == 0, out.stderr
     assert f"{root} is not writable by uid {SERVING}" in out.stderr and "Fix:" in out.stderr
-    cold = serving.cold_root(load(node["recipe"]), SERVING)
+    cold = restore.cold_root(load(node["recipe"]).name, SERVING)
     written = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
     assert written["TORCHINDUCTOR_CACHE_DIR"] == str(cold / "inductor")
     assert not [v for v in written.values() if v.startswith(str(root))]

@@ -47,8 +47,8 @@ def test_the_archive_is_the_tar_stream_of_the_files(tmp_path):
         assert [m.name for m in members] == in_order
         assert all(tf.extractfile(m).read() == files[m.name] for m in members)
     # Exactly the tar stream: header, data, padding, end blocks.
-    expected = b"".join(archive._member_header(e.path, e.size, os.stat(tmp_path / "src" / e.path).st_mode,
-                                                e.mtime_ns) + files[e.path] + archive._padding(e.size)
+    expected = b"".join(archive.tarwrite._member_header(e.path, e.size, os.stat(tmp_path / "src" / e.path).st_mode,
+                                                         e.mtime_ns) + files[e.path] + archive.tarwrite._padding(e.size)
                         for e in entries) + bytes(2 * archive.BLOCK)
     assert raw == expected
 
@@ -76,7 +76,7 @@ def test_a_file_that_changes_while_packed_is_refused(tmp_path, monkeypatch):
                 f.write(b"more")
         return got
 
-    monkeypatch.setattr(archive.os, "lstat", lstat_then_grow)
+    monkeypatch.setattr(os, "lstat", lstat_then_grow)
     with pytest.raises(archive.ArchiveError, match=f"{grown}: changed while it was packed"):
         archive.pack_body(tmp_path / "src", list(files), io.BytesIO())
 

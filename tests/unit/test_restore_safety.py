@@ -2,6 +2,7 @@
 read-only and unwritable roots, mutated artifacts. After each, the root holds the previous
 complete cache or the new complete cache, never a mix, and nothing lands outside it."""
 
+import hashlib
 import io
 import json
 import os
@@ -71,7 +72,7 @@ def _special(name: str, kind: bytes, linkname: str = "") -> tuple[tarfile.TarInf
 
 
 def _entry(name: str, data: bytes = b"x", mode: int = 0o644) -> FileEntry:
-    return FileEntry(name, len(data), archive.hashlib.sha256(data).hexdigest(), mode, 0)
+    return FileEntry(name, len(data), hashlib.sha256(data).hexdigest(), mode, 0)
 
 
 HOSTILE = {

@@ -22,7 +22,8 @@ import pytest
 import zstandard
 
 from tests.conftest import REPO, make_cache_tree, run_warmer, time_cap, tiny_recipe, write_tiny_recipe
-from warmer import archive, build, catalog, fetch, flashinfer_jit, restore
+from warmer import archive, build, catalog, fetch, restore
+from warmer.components import flashinfer as flashinfer_jit
 from warmer.artifact import canonical
 from warmer.envfile import EnvFile
 from warmer.recipe import parse

@@ -6,36 +6,32 @@ its files belong in an artifact, and whether it survives a move to another root 
 
 from __future__ import annotations
 
+import importlib
 import os
-from collections.abc import Mapping
+import pkgutil
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from warmer.components import (
-    cuda,
-    cute_dsl,
-    cute_experimental_dsl,
-    flashinfer,
-    inductor,
-    torch_extensions,
-    triton,
-    trtllm_deep_gemm,
-    vllm,
-)
-from warmer.components.base import Component, junk
+from warmer.components.base import Check, Component, Held, junk
 
-ALL: tuple[Component, ...] = (
-    vllm.COMPONENT,
-    inductor.COMPONENT,
-    inductor.HEADERS,
-    triton.COMPONENT,
-    flashinfer.COMPONENT,
-    flashinfer.B12X,
-    cute_dsl.COMPONENT,
-    cute_experimental_dsl.COMPONENT,
-    torch_extensions.COMPONENT,
-    trtllm_deep_gemm.COMPONENT,
-    cuda.COMPONENT,
-)
+if TYPE_CHECKING:
+    from warmer.contract import PathContract
+
+
+def _discovered() -> tuple[Component, ...]:
+    """Every module of this package that defines COMPONENTS, in its ORDER: a new cache is one new
+    module here (its env, rules and hooks), nothing else."""
+    found = []
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(module, "COMPONENTS"):
+            found.append((getattr(module, "ORDER", 100), info.name, module.COMPONENTS))
+    return tuple(c for _, _, cs in sorted(found) for c in cs)
+
+
+ALL: tuple[Component, ...] = _discovered()
+BY_NAME: dict[str, Component] = {c.name: c for c in ALL}
 
 # What the cache census (tests/unit/test_cache_census.py) finds in the installed libraries' sources that no
 # component points under the root, each with why it needs none, checked in the source it cites. Keys are
@@ -50,7 +46,7 @@ NOT_PACKED: dict[str, str] = {
     "resolve_flashinfer_autotune_file), in the vllm component",
     "FLASHINFER_CUBIN_DIR": "unset, cubins go to $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/cubins (flashinfer/jit/env.py "
     "_get_cubin_dir), in the flashinfer component; warmer points it at the packed copy when an artifact holds "
-    "cubins (components/flashinfer.py artifact_env)",
+    "cubins (components/flashinfer.py JitWorkspace.serve_env)",
     "FLASHINFER_AUTOTUNE_DIR": "unset, PCIe-IPC and SM120 sparse-MLA tuning JSONs go to <FlashInfer workspace>/autotune "
     "(flashinfer/comm/pcie_ipc_tuning.py default_cache_path, mla/_sparse_mla_sm120/_calibration.py "
     "default_cache_path), in the flashinfer component",
@@ -84,7 +80,7 @@ NOT_PACKED: dict[str, str] = {
     "files",
     # Where libraries and toolkits are read from, not written.
     "CUDA_HOME": "where nvcc and the CUDA headers are read from (flashinfer/jit/cpp_ext.py get_cuda_path, "
-    "torch/utils/cpp_extension.py); a path-contract input (warmer.flashinfer_jit), not a cache",
+    "torch/utils/cpp_extension.py); a path-contract input (warmer.components.flashinfer), not a cache",
     "WINDOWS_CUDA_HOME": "Windows CUDA toolkit for AOTInductor cross-compilation (torch/utils/cpp_extension.py)",
     "CUDNN_HOME": "where cuDNN is read from when building torch extensions (torch/utils/cpp_extension.py)",
     "NCCL_HOME": "where NCCL headers and libraries are read from for FlashInfer's comm JIT modules (flashinfer/jit/comm.py "
@@ -179,6 +175,20 @@ NOT_PACKED: dict[str, str] = {
 }
 
 
+def serve_env(held: Held, root: Path, names: Iterable[str] | None = None) -> dict[str, str]:
+    """What vLLM needs set for what an artifact restored in root holds (held: its file list), from
+    each component's hook; names: the components the artifact carries (default: all)."""
+    env: dict[str, str] = {}
+    for c in ALL if names is None else [BY_NAME[n] for n in names if n in BY_NAME]:
+        env.update(c.serve_env(held, root))
+    return env
+
+
+def checks(root: Path, env: Mapping[str, str], built: PathContract) -> dict[str, Check]:
+    """Every component's check that a start with env uses its cache restored in root as it is."""
+    return {c.name: c.check(root, env, built) for c in ALL}
+
+
 def cache_env(root: Path) -> dict[str, str]:
     """Every cache env var, pointed under root (an absolute path)."""
     env: dict[str, str] = {}
@@ -216,4 +226,19 @@ def default_paths(env: Mapping[str, str], user: str) -> dict[str, str]:
     return {var: template.format(**values) for c in ALL for var, template in c.defaults}
 
 
-__all__ = ["ALL", "NOT_PACKED", "Component", "cache_env", "collect", "default_paths", "excluded", "junk", "of_path"]
+__all__ = [
+    "ALL",
+    "BY_NAME",
+    "NOT_PACKED",
+    "Check",
+    "Component",
+    "Held",
+    "cache_env",
+    "checks",
+    "collect",
+    "default_paths",
+    "excluded",
+    "junk",
+    "of_path",
+    "serve_env",
+]

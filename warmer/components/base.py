@@ -1,4 +1,6 @@
-"""What every cache component is: a directory under the root, its env vars and its file rules."""
+"""What every cache component is: a directory under the root, its env vars and its file rules, and
+the hooks a cache with behaviour of its own overrides (the env it needs for what an artifact holds,
+the check that its restored files will be reused)."""
 
 from __future__ import annotations
 
@@ -6,8 +8,31 @@ import fnmatch
 import functools
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from warmer.finding import ERROR, Finding
+
+if TYPE_CHECKING:
+    from warmer.contract import PathContract
+
+
+class Held(Protocol):
+    """What an artifact holds, as a component's hooks ask it (warmer.archive.FileList)."""
+
+    def any_under(self, prefix: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Check:
+    """A component's check of its restored cache: why it would not be reused (no findings: it will
+    be), and what was measured (shown as is in fetch's JSON)."""
+
+    findings: tuple[Finding, ...] = ()
+    detail: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+
 
 # Lock files and half-written temporaries are never part of a cache.
 ALWAYS_EXCLUDED = ("*.lock", "locks/*", "*/locks/*", "*.tmp", "*.tmp.*", "*.partial")
@@ -26,6 +51,28 @@ class Component:
     # over {home}, {xdg} (XDG_CACHE_HOME or ~/.cache), {tmp} (TMPDIR or /tmp), {user}, {triton_home},
     # {fi_base} (FLASHINFER_WORKSPACE_BASE or ~). doctor shows where a pod's caches really go.
     defaults: tuple[tuple[str, str], ...] = ()
+
+    # Hooks: a component with behaviour of its own overrides these in its module.
+    def serve_env(self, held: Held, root: Path) -> dict[str, str]:
+        """Env vLLM needs for what an artifact restored in root holds of this cache."""
+        return {}
+
+    def check(self, root: Path, env: Mapping[str, str], built: PathContract) -> Check:
+        """After a restore into root: will a start with env use this cache as it is? built: the
+        paths the artifact's caches were built against. Here: every env var points into root."""
+        return Check(
+            tuple(
+                Finding(
+                    ERROR,
+                    "artifact",
+                    var,
+                    f"{var} is {env.get(var)!r}, not {want}: vLLM will not use the restored cache",
+                    "start vLLM with the env file `warmer fetch --env-file` wrote, or with `warmer serve`",
+                )
+                for var, want in self.env_under(root).items()
+                if env.get(var) != want
+            )
+        )
 
     def env_under(self, root: Path) -> dict[str, str]:
         return {var: str(root / rel) for var, rel in self.env}

@@ -9,3 +9,6 @@ COMPONENT = Component(
     about="CUDA driver JIT cache (PTX to SASS)",
     defaults=(("CUDA_CACHE_PATH", "{home}/.nv/ComputeCache"),),
 )
+
+ORDER = 90  # where its caches come in warmer.components.ALL
+COMPONENTS = (COMPONENT,)

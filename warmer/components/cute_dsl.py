@@ -17,3 +17,6 @@ COMPONENT = Component(
     relocatable=False,
     defaults=(("CUTE_DSL_CACHE_DIR", "{tmp}/{user}/cutlass_python_cache"),),
 )
+
+ORDER = 50  # where its caches come in warmer.components.ALL
+COMPONENTS = (COMPONENT,)

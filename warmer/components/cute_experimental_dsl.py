@@ -23,3 +23,6 @@ COMPONENT = Component(
     relocatable=False,
     defaults=(("CUTE_EXPERIMENTAL_DSL_CACHE_DIR", "{tmp}/{user}/cutlass_python_cache"),),
 )
+
+ORDER = 60  # where its caches come in warmer.components.ALL
+COMPONENTS = (COMPONENT,)

@@ -1,25 +1,96 @@
-"""FlashInfer's caches as warmer packs them: the JIT workspace (modules built by ninja, generated
-sources, cubins, autotune results) and the b12x (CuTe DSL) kernels' own cache.
+"""FlashInfer's caches as warmer packs them, and what decides whether they are reused.
 
-FLASHINFER_WORKSPACE_BASE is the only knob for the workspace (FLASHINFER_CACHE_DIR is not an env
-var: flashinfer/jit/env.py). Whether a restored JIT module will be reused is warmer.flashinfer_jit's
-business: the contract of paths it depends on, ninja's dry run, and back-dating.
+Packed: the JIT workspace (modules built by ninja, generated sources, cubins, autotune results)
+and the b12x (CuTe DSL) kernels' own cache. FLASHINFER_WORKSPACE_BASE is the only knob for the
+workspace (FLASHINFER_CACHE_DIR is not an env var: flashinfer/jit/env.py).
+
+Reused: a JIT module is reused only when `ninja` finds nothing to do (flashinfer/jit/core.py
+build_and_load), and ninja rebuilds when the workspace's real path, the install paths in the
+command line, CUDA_HOME, the ninja version, the compile-affecting env or file times differ
+(flashinfer/jit/cpp_ext.py writes absolute paths into build.ninja; jit/core.py runs ninja on every
+load). So the artifact records those (FlashInferContract, part of the path contract), fetch
+compares them with the node's, and a dry run of ninja in every module (this component's check)
+proves "no work to do" after a restore. `warmer flashinfer-check` shows the same and can back-date
+newer inputs.
+
+Nothing here imports flashinfer or torch: install dirs are found with importlib's finders.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sysconfig
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from warmer.components.base import Component
+from warmer.components.base import Check, Component, Held
+from warmer.finding import WARNING, Finding
+from warmer.fingerprint import cuda_home, ninja_path_and_version, package_dir
+from warmer.untrusted import Fields
+
+if TYPE_CHECKING:
+    from warmer.contract import PathContract
 
 CACHE = ".cache/flashinfer"  # under FLASHINFER_WORKSPACE_BASE
+SUBDIR = "flashinfer"
+CUBINS = f"{SUBDIR}/{CACHE}/cubins/"  # what FlashInfer downloaded, root-relative
 
-COMPONENT = Component(
+
+class JitWorkspace(Component):
+    """The JIT workspace: its cubins need FLASHINFER_CUBIN_DIR, its modules a clean ninja dry run."""
+
+    def serve_env(self, held: Held, root: Path) -> dict[str, str]:
+        """When the warm-up downloaded cubins, point FlashInfer at them (flashinfer/jit/env.py:
+        FLASHINFER_CUBIN_DIR wins over the default)."""
+        if held.any_under(CUBINS):
+            return {"FLASHINFER_CUBIN_DIR": str(root / CUBINS.rstrip("/"))}
+        return {}
+
+    def check(self, root: Path, env: Mapping[str, str], built: PathContract) -> Check:
+        """The env, the paths FlashInfer's JIT modules were built against (their contract) against
+        this node's, and ninja's dry run of every restored module, in the env vLLM starts with."""
+        found = list(super().check(root, env, built).findings)
+        fi = built.flashinfer
+        if fi and fi.modules:
+            reasons = compare(fi, contract(root, dict(env)))
+            if reasons:
+                found.append(
+                    Finding(
+                        WARNING,
+                        "path-contract",
+                        str(root),
+                        f"FlashInfer will rebuild {len(fi.modules)} JIT module(s) ({', '.join(fi.modules[:5])}) "
+                        "because: " + "; ".join(reasons),
+                        f"serve from the build's paths ({built.root}), or build an artifact at these paths",
+                    )
+                )
+        result = dry_run(root, dict(env))
+        dirty = [m for m, r in result["modules"].items() if not r["clean"]]
+        if dirty:
+            found.append(
+                Finding(
+                    WARNING,
+                    self.name,
+                    str(root),
+                    f"ninja would rebuild FlashInfer module(s) {', '.join(dirty)}: "
+                    f"see `warmer flashinfer-check --root {root}`",
+                    f"`warmer flashinfer-check --root {root}`",
+                )
+            )
+        return Check(tuple(found), result)
+
+
+COMPONENT = JitWorkspace(
     name="flashinfer",
-    subdir="flashinfer",
+    subdir=SUBDIR,
     env=(
-        ("FLASHINFER_WORKSPACE_BASE", "flashinfer"),
-        ("FLASHINFER_AUTOTUNE_CACHE_DIR", f"flashinfer/{CACHE}/autotune"),
+        ("FLASHINFER_WORKSPACE_BASE", SUBDIR),
+        ("FLASHINFER_AUTOTUNE_CACHE_DIR", f"{SUBDIR}/{CACHE}/autotune"),
     ),
     about="JIT modules (cached_ops, generated), cubins, autotune",
     # The log is reopened by every import; cached_ops/tmp holds the per-module locks.
@@ -30,8 +101,6 @@ COMPONENT = Component(
         ("FLASHINFER_AUTOTUNE_CACHE_DIR", "{fi_base}/.cache/flashinfer/autotune"),
     ),
 )
-
-CUBINS = f"{COMPONENT.subdir}/{CACHE}/cubins/"  # what FlashInfer downloaded, root-relative
 
 B12X = Component(
     name="b12x",
@@ -68,10 +137,228 @@ def modules(root: Path) -> list[Path]:
     return sorted(p.parent for p in (root / COMPONENT.subdir / CACHE).glob("*/*/cached_ops/*/build.ninja"))
 
 
-def artifact_env(files, root: Path) -> dict[str, str]:
-    """Serve env that depends on what an artifact holds (files: its warmer.archive.FileList):
-    when its warm-up downloaded cubins, point FlashInfer at them (flashinfer/jit/env.py:
-    FLASHINFER_CUBIN_DIR wins over the default)."""
-    if files.any_under(CUBINS):
-        return {"FLASHINFER_CUBIN_DIR": str(root / CUBINS.rstrip("/"))}
-    return {}
+ORDER = 40  # where its caches come in warmer.components.ALL
+COMPONENTS = (COMPONENT, B12X)
+
+
+@dataclass(frozen=True)
+class FlashInferContract:
+    """The paths and settings FlashInfer's JIT cache under a root depends on."""
+
+    workspace_base: str
+    version: str | None
+    install_dir: str | None
+    git_commit: str | None
+    tvm_ffi_dir: str | None
+    python_include: str | None
+    cuda_home: str | None
+    ninja: str | None
+    env: dict[str, str] = field(hash=False)
+    modules: tuple[str, ...] = ()
+
+    LABELS = {
+        "workspace_base": "workspace real path (ninja keys on absolute paths; a symlink does not help)",
+        "version": "flashinfer-python version",
+        "install_dir": "flashinfer install dir",
+        "git_commit": "flashinfer git commit",
+        "tvm_ffi_dir": "tvm-ffi install dir",
+        "python_include": "Python include dir",
+        "cuda_home": "CUDA_HOME",
+        "ninja": "ninja version (its log format differs)",
+    }
+
+    @classmethod
+    def from_json(cls, f: Fields) -> FlashInferContract:
+        return cls(
+            workspace_base=f.text("workspace_base"),
+            version=f.opt_text("version"),
+            install_dir=f.opt_text("install_dir"),
+            git_commit=f.opt_text("git_commit"),
+            tvm_ffi_dir=f.opt_text("tvm_ffi_dir"),
+            python_include=f.opt_text("python_include"),
+            cuda_home=f.opt_text("cuda_home"),
+            ninja=f.opt_text("ninja"),
+            env=f.str_map("env"),
+            modules=f.str_list("modules"),
+        )
+
+    def to_json(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(self).items()}
+
+
+def contract(root: Path, env: dict) -> FlashInferContract | None:
+    """What FlashInfer's JIT cache under root depends on, in env; None without FlashInfer."""
+    install = package_dir("flashinfer")
+    if install is None and not modules(root):
+        return None
+    commit = None
+    if install:
+        meta = Path(install, "_build_meta.py")
+        m = re.search(r"__git_commit__\s*=\s*['\"]([0-9a-f]+)['\"]", meta.read_text()) if meta.exists() else None
+        commit = m.group(1) if m else None
+    try:
+        version = metadata.version("flashinfer-python")
+    except metadata.PackageNotFoundError:
+        version = None
+    return FlashInferContract(
+        workspace_base=os.path.realpath(root / COMPONENT.subdir),
+        version=version,
+        install_dir=install,
+        git_commit=commit,
+        tvm_ffi_dir=package_dir("tvm_ffi"),
+        python_include=sysconfig.get_paths()["include"],
+        cuda_home=cuda_home(env),
+        ninja=ninja_path_and_version(env)[1],
+        env={k: env[k] for k in COMPILE_ENV if k in env},
+        modules=tuple(m.name for m in modules(root)),
+    )
+
+
+def compare(built: FlashInferContract | None, node: FlashInferContract | None) -> list[str]:
+    """Why FlashInfer on this node will rebuild the artifact's JIT modules; empty if it will not."""
+    if built is None or not built.modules:
+        return []
+    if node is None:
+        return [
+            "FlashInfer is not installed here, so the cache cannot be checked (fetch outside the serving "
+            "image?): run `warmer verify` in the serving container"
+        ]
+    out = [
+        f"{label}: built with {getattr(built, k)!r}, here {getattr(node, k)!r}"
+        for k, label in FlashInferContract.LABELS.items()
+        if getattr(built, k) != getattr(node, k)
+    ]
+    for var in sorted(set(built.env) | set(node.env)):
+        b, n = built.env.get(var), node.env.get(var)
+        if b != n:
+            out.append(f"{var}: built with {b!r}, here {n!r} (it is in the compile command)")
+    return out
+
+
+def dry_run(root: Path, env: dict) -> dict:
+    """`ninja -n -d explain` in every module: {"modules": {name: {"clean", "reasons"}}, "clean": bool}."""
+    mods = modules(root)
+    path, version = ninja_path_and_version(env)
+    if not mods:
+        return {"clean": True, "modules": {}}
+    if path is None:
+        return {"clean": None, "skipped": "ninja is not on PATH: the dry run was skipped", "modules": {}}
+    result = {}
+    for m in mods:
+        if str(Path(os.path.realpath(m))) not in (m / "build.ninja").read_text():
+            # Written for another path: FlashInfer regenerates it here, and everything rebuilds.
+            result[m.name] = {
+                "clean": False,
+                "reasons": [f"build.ninja names other paths than {m}: the cache was built under another workspace"],
+            }
+            continue
+        out = subprocess.run(
+            [path, "-n", "-d", "explain", "-C", str(m), "-f", "build.ninja"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        text = out.stdout + out.stderr
+        clean = out.returncode == 0 and "no work to do" in text
+        reasons = [line.split("ninja explain: ", 1)[1] for line in text.splitlines() if "ninja explain: " in line]
+        result[m.name] = {"clean": clean, "reasons": reasons[:5]}
+    return {"clean": all(r["clean"] for r in result.values()), "ninja": version, "modules": result}
+
+
+def _oldest_output_ns(module: Path) -> int | None:
+    """The earliest time ninja holds for the module's outputs: their mtimes, and the mtimes
+    .ninja_log recorded (ninja >= 1.12 compares inputs with those, taken when a command starts)."""
+    times = [p.stat().st_mtime_ns for p in module.iterdir() if p.suffix in (".o", ".so")]
+    try:
+        for line in (module / ".ninja_log").read_text().splitlines():
+            fields = line.split("\t")
+            if len(fields) >= 4 and fields[2].isdigit() and int(fields[2]) > 0:
+                times.append(int(fields[2]))
+    except FileNotFoundError:
+        pass
+    return min(times) if times else None
+
+
+def newer_inputs(root: Path, env: dict) -> list[tuple[str, str]]:
+    """(input, module) for every recorded input newer than its module's oldest output: the
+    inputs that make ninja rebuild after a `pip install` gave installed headers new mtimes."""
+    path, _ = ninja_path_and_version(env)
+    if path is None:
+        return []
+    found = []
+    for m in modules(root):
+        out = subprocess.run(
+            [path, "-C", str(m), "-f", "build.ninja", "-t", "deps"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        ).stdout
+        oldest = _oldest_output_ns(m)
+        if oldest is None:
+            continue
+        deps = {line.strip() for line in out.splitlines() if line.startswith("    ")}
+        for dep in sorted(deps):
+            try:
+                if os.stat(dep).st_mtime_ns > oldest:
+                    found.append((dep, m.name))
+            except FileNotFoundError:
+                continue
+    return found
+
+
+def _under(path: str, base: str) -> bool:
+    return path == base or path.startswith(base.rstrip("/") + "/")
+
+
+def backdate(root: Path, env: dict, *, apply: bool, include_site_packages: bool) -> dict:
+    """Set the mtime of inputs newer than the cache to just before its oldest output.
+
+    Only files inside the root are changed: a restored .ninja_deps names files anywhere (system
+    and CUDA headers), and an artifact is untrusted input. Installed headers under site-packages
+    (pip gives them the install time) are changed only with include_site_packages: they belong to
+    the Python environment, not to the cache. Everything else is held back and listed."""
+    sites = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
+    real_root = os.path.realpath(root)
+    changed, held_back, outside = [], [], []
+    for dep, module in newer_inputs(root, env):
+        real = os.path.realpath(dep)
+        if any(_under(real, s) for s in sites):
+            if not include_site_packages:
+                held_back.append(dep)
+                continue
+        elif not _under(real, real_root):
+            outside.append(dep)
+            continue
+        changed.append(dep)
+        oldest = _oldest_output_ns(modules_by_name(root)[module])
+        if apply and oldest is not None:  # newer_inputs lists only modules with outputs
+            when = oldest - 1_000_000_000
+            os.utime(real, ns=(when, when), follow_symlinks=False)
+    return {"applied": apply, "files": changed, "held_back_site_packages": held_back, "held_back_outside_root": outside}
+
+
+def modules_by_name(root: Path) -> dict[str, Path]:
+    return {m.name: m for m in modules(root)}
+
+
+def report(
+    root: Path,
+    env: dict,
+    built: FlashInferContract | None,
+    *,
+    backdate_inputs: bool = False,
+    include_site_packages: bool = False,
+) -> dict:
+    """Everything `warmer flashinfer-check` reports: the contract against the build's, ninja's
+    dry run, inputs newer than the cache, and (when asked) the back-dating fix."""
+    report = {
+        "contract": compare(built, contract(root, env)) if built else [],
+        "dry_run": dry_run(root, env),
+        "newer_inputs": [{"file": f, "module": m} for f, m in newer_inputs(root, env)],
+    }
+    if backdate_inputs:
+        report["backdate"] = backdate(root, env, apply=True, include_site_packages=include_site_packages)
+        report["dry_run_after"] = dry_run(root, env)
+    return report

@@ -27,3 +27,9 @@ HEADERS = Component(
     exclude=("vllm_dist_*",),
     defaults=(("TMPDIR", "/tmp"),),
 )
+
+ORDER = 20  # where its caches come in warmer.components.ALL
+COMPONENTS = (
+    COMPONENT,
+    HEADERS,
+)

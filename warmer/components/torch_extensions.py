@@ -22,3 +22,6 @@ COMPONENT = Component(
     relocatable=False,
     defaults=(("TORCH_EXTENSIONS_DIR", "{xdg}/torch_extensions"),),
 )
+
+ORDER = 70  # where its caches come in warmer.components.ALL
+COMPONENTS = (COMPONENT,)

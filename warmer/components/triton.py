@@ -11,3 +11,6 @@ COMPONENT = Component(
     relocatable=False,
     defaults=(("TRITON_CACHE_DIR", "{triton_home}/.triton/cache"),),
 )
+
+ORDER = 30  # where its caches come in warmer.components.ALL
+COMPONENTS = (COMPONENT,)

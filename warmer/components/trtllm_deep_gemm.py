@@ -25,3 +25,6 @@ COMPONENT = Component(
     relocatable=True,
     defaults=(("TRTLLM_DG_CACHE_DIR", "{home}/.tensorrt_llm"),),
 )
+
+ORDER = 80  # where its caches come in warmer.components.ALL
+COMPONENTS = (COMPONENT,)

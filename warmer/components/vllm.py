@@ -16,3 +16,6 @@ COMPONENT = Component(
     exclude=("gpu_p2p_access_cache_for_*", "dummy_cache/*"),
     defaults=(("VLLM_CACHE_ROOT", "{xdg}/vllm"),),
 )
+
+ORDER = 10  # where its caches come in warmer.components.ALL
+COMPONENTS = (COMPONENT,)

@@ -9,26 +9,22 @@ A blob goes up first and its index entry last, created only if absent: the first
 wins and a published artifact never changes. A node needs one index read and one blob read.
 The behaviour every backend shares (skip a blob the store has, cap what an index read takes)
 lives in Store; a backend implements the primitive operations. Leaf package: imports nothing
-from warmer outside it but the error base.
+from warmer outside it but the error base, warmer.names and warmer.deadline.
 """
 
 from __future__ import annotations
 
 import abc
-import re
 from datetime import datetime
 from typing import NamedTuple
 
 from warmer.deadline import Deadline
 from warmer.errors import StoreError, UntrustedInput, UsageError
+from warmer.names import HEX64, MAX_INDEX_BYTES, NAME
 from warmer.store.stream import BlobCorrupt, BlobMissing, BlobStream
 
-HEX64 = re.compile(r"^[0-9a-f]{64}$")
-# A recipe's name, as recipes spell it (warmer.recipe uses the same pattern).
-NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 # An index entry holds artifact.json, about 200 bytes per cached file: 64 MiB is ~300,000 files,
 # far beyond any real cache, and keeps a hostile entry from being read whole into memory.
-MAX_INDEX_BYTES = 64 << 20
 
 __all__ = [
     "Blob",

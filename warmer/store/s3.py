@@ -406,6 +406,7 @@ class S3Store(Store):
                 except (IncompleteReadError, ResponseStreamingError):
                     if attempt == 3:  # the body was cut short every time
                         raise
+        return None  # not reached: the last attempt returns or raises (mypy cannot tell)
 
     def list_index(self, recipe: str | None = None) -> list[tuple[str, str]]:
         under = f"index/{recipe}/" if recipe else "index/"

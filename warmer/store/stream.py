@@ -81,8 +81,14 @@ class Cut(Exception):
 
 
 class Answer(Protocol):
-    total: int | None  # the blob's size as the answer tells it (Content-Range's, or the file's)
-    whole: bool  # the body is the whole blob from byte 0, whatever range was asked
+    # Read-only here, so that an answer may narrow them (a file's total is always an int).
+    @property
+    def total(self) -> int | None:
+        """The blob's size as the answer tells it (Content-Range's, or the file's)."""
+
+    @property
+    def whole(self) -> bool:
+        """The body is the whole blob from byte 0, whatever range was asked."""
 
     def readinto(self, view: memoryview) -> int:
         """Bytes of the body into view, as one read of the connection brings them (at least one,
@@ -260,7 +266,7 @@ class BlobStream:
                 self._release(self._read_part - 1)
                 self._cond.notify_all()
             self._wait_for_size()
-            if self._pos >= self._size:
+            if self._pos >= self._known_size:
                 self._finish()
                 return None
             k = self._pos // self._part
@@ -298,11 +304,17 @@ class BlobStream:
 
     # -- parts -----------------------------------------------------------------------------------
 
+    @property
+    def _known_size(self) -> int:
+        # Parts exist only once the first answer told the size (_decide; the reader: _wait_for_size).
+        assert self._size is not None
+        return self._size
+
     def _parts(self) -> int:
-        return -(-self._size // self._part)
+        return -(-self._known_size // self._part)
 
     def _part_len(self, k: int) -> int:
-        return min(self._part, self._size - k * self._part)
+        return min(self._part, self._known_size - k * self._part)
 
     def _arrived(self, k: int) -> int:
         """Bytes of part k in its buffer so far (under the lock)."""
@@ -473,7 +485,7 @@ class BlobStream:
                 answer.close()
                 self._backoff(k, failures, str(e))
                 start = k * self._part + self._filled[k]  # only this thread changes it
-                answer = self._open_range(start, self._size)
+                answer = self._open_range(start, self._known_size)
                 skip = start if answer.whole else 0
                 continue
             failures = 0

@@ -1,0 +1,161 @@
+"""warmer fetch: node bootstrap. This node's artifact fetched and restored, and the env vLLM starts
+with; with --all, every recipe that targets this node's SKU."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from warmer import api, errors
+from warmer.cli import (
+    Output,
+    add_deadline,
+    add_env_out,
+    add_limits,
+    add_owner,
+    add_root,
+    add_store,
+    add_trust,
+    env_flag,
+    store_options,
+    write_env,
+)
+from warmer.cli.render import megabytes, seconds
+from warmer.errors import EXIT_MISS, EXIT_OK
+
+if TYPE_CHECKING:
+    from warmer.api import FetchResult
+
+HELP = "node bootstrap: fetch this node's artifact, restore it, print the env"
+ORDER = 60
+
+
+def add_arguments(c: argparse.ArgumentParser) -> None:
+    c.add_argument("recipe", metavar="RECIPE", nargs="?", help="a recipe file, e.g. manifests/models/NAME.toml")
+    add_store(c)
+    add_root(c, required=False)
+    c.add_argument(
+        "--require",
+        action="store_true",
+        default=env_flag("WARMER_REQUIRE"),
+        help=f"exit {EXIT_MISS} on a miss instead of 0 (env WARMER_REQUIRE=1)",
+    )
+    c.add_argument(
+        "--all",
+        metavar="MANIFESTS",
+        help="every recipe in MANIFESTS (a directory with skus.toml and models/) that targets this node's "
+        "SKU, each into --root-base/RECIPE: node bootstrap at the node (DaemonSet, systemd unit)",
+    )
+    c.add_argument(
+        "--root-base",
+        default=api.DEFAULT_ROOT_BASE,
+        metavar="DIR",
+        help="with --all: each recipe's root is DIR/RECIPE, the path CI built it at (default /cache)",
+    )
+    c.add_argument("--skus", help="with --all: the SKU catalogue (default: skus.toml in or above MANIFESTS)")
+    c.add_argument("--parallel", type=int, default=2, metavar="N", help="with --all: recipes fetched at once")
+    c.add_argument(
+        "--metrics-file",
+        metavar="PATH",
+        help="write node_exporter textfile-collector metrics (warmer_fetch_seconds, warmer_artifact_bytes, "
+        "warmer_fetch_status) to PATH, e.g. /var/lib/node_exporter/textfile/warmer.prom",
+    )
+    c.add_argument(
+        "--gpus-from",
+        metavar="FILE",
+        help="fetch for the GPUs of this saved fingerprint (`warmer fingerprint --json` on a serving "
+        "node), not this machine's: an image build on a machine without the target GPU",
+    )
+    add_env_out(c)
+    add_limits(c)
+    add_trust(c)
+    add_deadline(
+        c,
+        api.DEFAULT_DEADLINE_S,
+        "the whole fetch (index, download, restore) is then a miss; with --all, the whole run",
+    )
+    add_owner(c)
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    if args.all:
+        return _fetch_all(args, out)
+    if not args.recipe or not args.root:
+        raise errors.UsageError("fetch needs RECIPE and --root (or WARMER_ROOT), or --all MANIFESTS --root-base DIR")
+    result = api.fetch(
+        args.recipe,
+        args.store,
+        args.root,
+        gpus_from=args.gpus_from,
+        trusted_keys=args.trusted_key or (),
+        max_bytes=args.max_bytes,
+        offline=args.offline,
+        lock_timeout=args.lock_timeout,
+        deadline=args.deadline,
+        owner=args.owner,
+        **store_options(args, out),
+    )
+    out.warn(result.warnings)
+    out.say(report(result))
+    write_env(args, result.env)
+    if args.metrics_file:
+        seconds_ = result.restore.seconds if result.restore else 0.0
+        api.write_fetch_metrics(args.metrics_file, [api.Outcome(result.recipe, result.root, result, seconds_)])
+    out.emit(result)
+    return EXIT_OK if result.hit or not args.require else EXIT_MISS
+
+
+def _fetch_all(args: argparse.Namespace, out: Output) -> int:
+    if args.recipe or args.env_file or args.gpus_from:
+        raise errors.UsageError(
+            "fetch --all takes no RECIPE, --env-file or --gpus-from: each recipe goes into "
+            "--root-base/RECIPE, and its pods' own fetch writes their env file"
+        )
+    outcomes = api.fetch_all(
+        args.all,
+        args.store,
+        args.root_base,
+        parallel=args.parallel,
+        skus=args.skus,
+        trusted_keys=args.trusted_key or (),
+        max_bytes=args.max_bytes,
+        offline=args.offline,
+        lock_timeout=args.lock_timeout,
+        deadline=args.deadline,
+        owner=args.owner,
+        **store_options(args, out),
+    )
+    for o in outcomes:
+        out.say(f"warmer fetch --all: {o.line()}")
+    if args.metrics_file:
+        api.write_fetch_metrics(args.metrics_file, outcomes)
+    out.emit([o.to_json() for o in outcomes])
+    fetched = [o.result for o in outcomes if o.result is not None]
+    if any(o.bad_recipe for o in outcomes):  # the others were fetched; a bad file is the operator's to fix
+        return errors.EXIT_USAGE
+    return EXIT_MISS if args.require and not all(r.hit for r in fetched) else EXIT_OK
+
+
+def report(r: FetchResult) -> str:
+    lines = [f"warmer fetch: {r.status} - recipe {r.recipe}, key {r.key[:16]}, root {r.root}"]
+    if r.for_gpus:
+        lines.append(f"  for GPUs: {r.for_gpus}")
+    if r.restore:
+        rs = r.restore
+        extra = f", {rs.files} files, {megabytes(rs.bytes)}" if rs.files is not None else ""
+        lines.append(f"  restore: {rs.status} in {seconds(rs.seconds)}{extra}")
+    if r.nearest:
+        n = r.nearest
+        if n.differences:
+            lines.append(f"  nearest artifact {n.key[:16]} differs in: " + "; ".join(n.differences))
+        else:  # fits, but was published under another key: an older warmer's rules
+            lines.append(
+                f"  artifact {n.key[:16]} fits this node but was published under another key; "
+                "rebuild it with this warmer version (`warmer explain` shows every rule)"
+            )
+    if any(d.recompiles for d in r.vllm_differences):
+        lines.append(
+            f"  predicted: vLLM recompiles ({', '.join(d.name for d in r.vllm_differences if d.recompiles)}"
+            " differ from the build)"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,26 @@
+"""warmer pack: a warmed root packed into an artifact file."""
+
+from __future__ import annotations
+
+import argparse
+
+from warmer import api
+from warmer.cli import Output
+from warmer.cli.render import pairs
+from warmer.errors import EXIT_OK
+
+HELP = "pack a warmed root into an artifact file"
+ORDER = 40
+
+
+def add_arguments(c: argparse.ArgumentParser) -> None:
+    c.add_argument("dir", metavar="ROOT", help="the root a warm-up filled")
+    c.add_argument("--recipe", required=True, help="the recipe it was warmed with")
+    c.add_argument("-o", "--output", required=True, help="the artifact file to write (.tar.zst)")
+    c.add_argument("--level", type=int, default=3, help="zstd level (default 3)")
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    result = api.pack(args.dir, args.recipe, args.output, level=args.level)
+    out.emit(result, pairs(result.to_json()))
+    return EXIT_OK

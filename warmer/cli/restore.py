@@ -1,0 +1,45 @@
+"""warmer restore: a local artifact file restored into a root (an image build, an air-gapped node)."""
+
+from __future__ import annotations
+
+import argparse
+
+from warmer import api
+from warmer.cli import Output, add_env_out, add_limits, add_owner, add_root, add_trust, write_env
+from warmer.cli.render import pairs
+from warmer.errors import EXIT_OK
+
+HELP = "restore a local artifact file into a root"
+ORDER = 70
+
+
+def add_arguments(c: argparse.ArgumentParser) -> None:
+    c.add_argument("file", metavar="ARTIFACT", help="an artifact file")
+    add_root(c)
+    c.add_argument("--recipe", help="also print (or --env-file) the env for serving this recipe")
+    c.add_argument("--force", action="store_true", help="replace a directory at --root that warmer did not create")
+    add_env_out(c)
+    add_limits(c)
+    add_trust(c)
+    add_owner(c)
+    c.add_argument("--signature", help="signature file (default: ARTIFACT.sig when --trusted-key is given)")
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    result = api.restore(
+        args.file,
+        args.root,
+        recipe_file=args.recipe,
+        trusted_keys=args.trusted_key or (),
+        signature_file=args.signature,
+        max_bytes=args.max_bytes,
+        force=args.force,
+        lock_timeout=args.lock_timeout,
+        owner=args.owner,
+        progress=out.progress,
+    )
+    if args.recipe or args.env_file:
+        # Without --recipe, the artifact's own (artifact.json records it): an image build needs no recipe file.
+        write_env(args, api.serving_env(args.recipe, args.root, offline=args.offline))
+    out.emit(result, pairs(result.to_json()))
+    return EXIT_OK

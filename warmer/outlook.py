@@ -1,0 +1,154 @@
+"""Will the artifact active in a root hit when vLLM starts with this env, and why not?
+
+One answer, as a list of typed findings, for the three places that ask: fetch (right after it
+activates), `warmer serve` (before it starts vLLM) and `warmer doctor` (inside a pod). Each finding
+names the check, what it found and the fix. The checks, in order:
+- recipe: the artifact is another recipe's;
+- artifact: the env does not point every cache into the root, or lacks what the build served with
+  (the recipe's env, the env the build added);
+- vllm-key: what vLLM hashed at build, against this env (vllm/envs.py compile factors);
+- path-contract: the paths the artifact's caches depend on (the root, the model, FlashInfer's ...);
+- fit: the artifact against this node's fingerprint, when the caller has one;
+- a component's name: that component's own check of its restored files (FlashInfer: ninja's dry run).
+Node path: imports neither torch nor vllm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from warmer import compat, components
+from warmer.artifact import Artifact
+from warmer.finding import ERROR, INFO, WARNING, Finding
+from warmer.fingerprint import Fingerprint
+from warmer.recipe import Recipe
+from warmer.vllmkey import FactorDifference
+
+__all__ = ["ERROR", "INFO", "WARNING", "Finding", "Outlook", "outlook"]
+
+
+@dataclass(frozen=True)
+class Outlook:
+    findings: tuple[Finding, ...] = ()
+    differences: tuple[FactorDifference, ...] = ()  # vLLM's compile factors that differ from the build's
+    details: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)  # what component checks measured
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return tuple(f.what for f in self.findings)
+
+    @property
+    def recompiles(self) -> bool:
+        """Whether vLLM's own key predicts a cold compile here."""
+        return any(d.recompiles for d in self.differences)
+
+
+def outlook(
+    recipe: Recipe | None,
+    root: Path,
+    art: Artifact,
+    env: Mapping[str, str],
+    *,
+    node: Fingerprint | None = None,
+    exists: Callable[[str], bool] | None = None,
+) -> Outlook:
+    """art is active in root and vLLM starts with env (the whole process env). recipe: the one
+    being served (None: the artifact's own, as doctor sees a pod); node: check the fit too;
+    exists: whether a path exists where vLLM runs (doctor's, for the model path)."""
+    checked = components.checks(root, env, art.path_contract)  # each cache's env, paths and files
+    out = [f for check in checked.values() for f in check.findings]
+    if recipe is not None and art.recipe.name != recipe.name:
+        out.append(
+            Finding(
+                WARNING,
+                "recipe",
+                str(root),
+                f"the artifact active in {root} is recipe {art.recipe.name}'s, not {recipe.name}'s",
+                f"fetch {recipe.name}'s artifact into a root of its own",
+            )
+        )
+    out += _served_as_built(art, env)
+    said = set(art.recipe.identity.get("env") or {}) | set(art.serve_env)
+    differences = tuple(art.vllm.differences(env)) if art.vllm else ()
+    out += [_difference(d) for d in differences if d.name not in said]
+    served = recipe or Recipe.from_artifact(art)
+    fixed = [n for n, c in art.components.items() if not c.relocatable]
+    for w in art.path_contract.warnings(root, served.model, fixed):
+        out.append(
+            Finding(
+                WARNING,
+                "path-contract",
+                str(root),
+                w,
+                f"serve from the build's paths ({art.path_contract.root}, model "
+                f"{art.path_contract.model}), or build an artifact at these paths",
+            )
+        )
+    model = art.path_contract.model
+    if recipe is None and exists and model.startswith("/") and not exists(model):
+        out.append(
+            Finding(
+                WARNING,
+                "path-contract",
+                model,
+                f"the artifact was built for the model at {model}, "
+                "which does not exist here: vLLM keys its compile cache on that path",
+                f"serve the model from {model}",
+            )
+        )
+    if node is not None:
+        bad = [d for d in compat.decisions(art.fingerprint, node, art.recipe.identity) if not d.ok]
+        if bad:
+            out.append(
+                Finding(
+                    ERROR,
+                    "fit",
+                    str(root),
+                    "the active artifact does not fit this node: " + "; ".join(d.line() for d in bad),
+                    "replace it with `warmer fetch` (it restores only what fits), or build one on this GPU type",
+                )
+            )
+    details = {name: check.detail for name, check in checked.items() if check.detail is not None}
+    return Outlook(tuple(out), differences, details)
+
+
+def _served_as_built(art: Artifact, env: Mapping[str, str]) -> list[Finding]:
+    """The env must hold what the build served with: the recipe's env, and what the build added."""
+    out = []
+    built_env = art.recipe.identity.get("env") or {}
+    for var, want in sorted(built_env.items()):
+        if env.get(var) != want and var not in compat.volatile_env(built_env):
+            out.append(
+                Finding(
+                    ERROR,
+                    "artifact",
+                    var,
+                    f"{var} is {env.get(var)!r} here and was {want!r} at "
+                    "build time: vLLM hashes its env, so the cache will miss",
+                    f"start vLLM with the env file warmer wrote (it sets {var})",
+                )
+            )
+    for var, want in sorted(art.serve_env.items()):
+        if env.get(var) != want:
+            out.append(
+                Finding(
+                    ERROR,
+                    "artifact",
+                    var,
+                    f"{var} is {env.get(var)!r} here; the build served with "
+                    f"{var}={want} (it added it: see `warmer inspect`), so vLLM will compile from cold",
+                    "start vLLM with the env file warmer wrote, or with `warmer serve`",
+                )
+            )
+    return out
+
+
+def _difference(d: FactorDifference) -> Finding:
+    fix = (
+        f"start vLLM with {d.name} as at build ({'unset' if d.built is None else repr(d.built)}),"
+        " or add it to the recipe's [env] and rebuild"
+    )
+    return Finding(ERROR if d.recompiles else INFO, "vllm-key", d.name, d.line(), fix if d.recompiles else "none")
