@@ -38,7 +38,7 @@ from warmer.recipe import Recipe
 from warmer.store import BlobStream, Store, open_store
 from warmer.vllmkey import FactorDifference
 
-HIT_STATUSES = ("hit", "already-active")
+HIT_STATUSES = restore.ACTIVE
 # Every status a fetch ends with (metrics name each one): the hits, then why not.
 STATUSES = (*HIT_STATUSES, "miss", "misfit", "untrusted", "rollback", "unwritable", "error")
 

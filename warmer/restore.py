@@ -569,6 +569,10 @@ def _rolls_back(offered: Artifact, marker: Marker, root: Path, trusted_keys) -> 
     return a is not None and b is not None and a < b and still_intact(marker, root, trusted_keys) is None
 
 
+# The statuses of an activation that leave vLLM pointed at the offered artifact: a fetch's hits.
+ACTIVE = ("hit", "already-active")
+
+
 @dataclass(frozen=True)
 class Activation:
     """What a node's fetch left in root for vLLM. status: hit, already-active, unwritable (active,
@@ -584,7 +588,7 @@ class Activation:
     @property
     def active(self) -> bool:
         """Whether vLLM is pointed at the offered artifact."""
-        return self.status in ("hit", "already-active")
+        return self.status in ACTIVE
 
 
 def activate(
@@ -626,7 +630,7 @@ def activate(
         f"{root} is not writable by uid {uid}, the user vLLM runs as: {problem}; vLLM would crash on its lock "
         f"files there, so the env points it at {cold} (a cold start). {ownership_fix(root, uid)}"
     )
-    return Activation("unwritable" if status in ("hit", "already-active") else status, cold, restored, tuple(warnings))
+    return Activation("unwritable" if status in ACTIVE else status, cold, restored, tuple(warnings))
 
 
 def _not_activated(e: Exception, root: Path) -> str:
