@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 # What a node's fetch does not use (build, catalog, doctor, fleet, verify) is imported by the
 # function that needs it: about 20 ms of every `warmer fetch` (BENCHMARKS.md, "Against the link").
+from warmer import components as _components
 from warmer import explain as _explain
 from warmer import fetch as _fetch
 from warmer import fingerprint as _fingerprint
@@ -120,9 +121,16 @@ def fingerprint(*, root: PathLike | None = None, recipe_file: PathLike | None = 
     )
 
 
-def explain(recipe_file: PathLike | Recipe, store_url: str | Store, **store_options) -> _explain.Explanation:
+def explain(
+    recipe_file: PathLike | Recipe, store_url: str | Store, *, gpus_from: PathLike | None = None, **store_options
+) -> _explain.Explanation:
+    """gpus_from: judge for the GPUs of a saved fingerprint (`warmer fingerprint --json` on a node),
+    as fetch --gpus-from does, not this machine's."""
     r = recipe(recipe_file)
-    return _explain.explain(store(store_url, **store_options), r, _fingerprint.probe(model=r.model))
+    node = _fingerprint.probe(model=r.model)
+    if gpus_from:
+        node = node.with_gpus(_fingerprint.saved_gpus(gpus_from))
+    return _explain.explain(store(store_url, **store_options), r, node)
 
 
 def build(
@@ -360,7 +368,7 @@ def serving_env(recipe_file: PathLike | Recipe | None, root: PathLike, *, offlin
             )
         return serving.vllm_env(recipe(recipe_file), root, offline=offline)
     r = recipe(recipe_file) if recipe_file is not None else Recipe.from_artifact(marker.artifact)
-    return serving.artifact_env(r, root, marker.artifact, offline=offline)
+    return serving.artifact_env(r, root, marker.artifact, offline=offline, components=marker.components)
 
 
 def serve_plan(
@@ -526,7 +534,7 @@ def flashinfer_check(
     env = (
         serving.environ_for_vllm(load(recipe_file), root)
         if recipe_file
-        else {**os.environ, **serving.components.cache_env(root)}
+        else {**os.environ, **_components.cache_env(root)}
     )
     marker = _restore.active(root)
     built = marker.artifact.path_contract.flashinfer if marker else None

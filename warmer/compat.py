@@ -339,8 +339,17 @@ def decisions(
     built: Fingerprint, node: Fingerprint, recipe_identity: Mapping[str, Any] | None = None
 ) -> list[Decision]:
     """Every rule, field by field: what the artifact was built on against this node."""
+    return _decide(_rules(built, node), built, node, recipe_identity)
+
+
+def _decide(
+    rules: list[tuple[Rule, Kind]],
+    built: Fingerprint,
+    node: Fingerprint,
+    recipe_identity: Mapping[str, Any] | None,
+) -> list[Decision]:
     out: list[Decision] = []
-    for rule, kind in _rules(built, node):
+    for rule, kind in rules:
         b, n = built.get(rule.field), node.get(rule.field)
         if rule.field == "gpu.count":
             need = gpus_needed(recipe_identity) if b else 0
@@ -393,3 +402,239 @@ def _flat(doc: object, prefix: str = "") -> dict[str, Any]:
 
 def fits(decided: list[Decision]) -> bool:
     return all(d.ok for d in decided)
+
+
+# -- layers: one per cache component, each fitted on what its own loader checks ------------------
+
+
+@dataclass(frozen=True)
+class LayerRule:
+    """What one cache component's files need of a node to be reused there: the fingerprint fields
+    its loader checks, and whether the recipe enters (the cache's entries are the recipe's own)."""
+
+    component: str  # a Component.name from warmer.components
+    # Dotted fields as RULES names them ("gpu.arch", "packages.triton"); "cpu.*" takes every rule
+    # under a prefix, "*" every rule.
+    fields: tuple[str, ...]
+    recipe: bool  # True when the recipe identity enters
+    why: str  # what the loader checks, cited: file and function in the library's source
+    # Fields this layer holds hard whatever their kind in RULES (the driver's cache drops itself on
+    # another driver version, where a whole artifact only needs a driver at least as new).
+    hard: tuple[str, ...] = ()
+
+    def names(self, field: str) -> bool:
+        """Whether this rule takes the fingerprint field (a RULES field or packages.<name>)."""
+        return any(f in ("*", field) or (f.endswith(".*") and field.startswith(f[:-1])) for f in self.fields)
+
+
+# The ranged fields of every layer whose files hold machine code run on the GPU or linked into the
+# process: a newer driver and glibc run it, as for the whole artifact (RULES says why).
+_RUNS_ON = ("gpu.driver", "gpu.cuda_driver", "glibc")
+
+_INDUCTOR = (
+    "gpu.name",
+    "packages.torch",
+    "packages.triton",
+    "torch_cuda",
+    "python",
+    "machine",
+    "os",
+    "paths.python_prefix",
+    "cpu.*",
+    *_RUNS_ON,
+)
+_INDUCTOR_WHY = (
+    "Inductor's FX graph and AOTAutograd keys (torch/_inductor/codecache.py FxGraphHashDetails, "
+    "compiled_fx_graph_hash) hold torch_key() (torch's version and sources) and CacheBase.get_system(): "
+    "the GPU's name (torch.cuda.get_device_properties().name), torch.version.cuda and triton_key(), so H100 "
+    "SXM and H100 PCIe do not share; its C++ kernels' key holds the compile command line with absolute -I "
+    "paths into the Python install (CppCodeCache.load_async), and on CPU backends the ISA flags and torch's "
+    "thread count (FxGraphHashDetails cpp_runtime_thread_count), which get_system() leaves out. Its entries "
+    "are the recipe's own graphs"
+)
+_FLASHINFER = (
+    "packages.flashinfer-python",
+    "packages.flashinfer-cubin",
+    "packages.flashinfer-jit-cache",
+    "packages.apache-tvm-ffi",
+    "packages.nvidia-cutlass-dsl",
+    "gpu.arch",
+    "nvcc",
+    "ninja",
+    "python",
+    "paths.flashinfer",
+    "paths.python_prefix",
+    "paths.cuda_home",
+    "machine",
+    "os",
+    *_RUNS_ON,
+)
+
+LAYER_RULES: dict[str, LayerRule] = {
+    r.component: r
+    for r in (
+        LayerRule(
+            "triton",
+            (
+                "packages.triton",
+                "gpu.compute_capability",
+                "python",
+                "machine",
+                "os",
+                "paths.python_prefix",
+                *_RUNS_ON,
+            ),
+            False,
+            "Triton finds a kernel under get_cache_key (triton/runtime/cache.py): triton_key() (its version "
+            "and the sha256 of its compiler and backends) and backend.hash(), which for NVIDIA is "
+            "f'{ptxas_version}-{arch}' (triton/backends/nvidia/compiler.py CUDABackend.hash, "
+            "get_ptxas_version): the ptxas in Triton's own wheel, so packages.triton stands for it, and the "
+            "compute capability. Its cuda_utils driver module is a compiled Python extension keyed on "
+            "platform_key() (machine, OS) and include dirs in Triton's install, and named with the "
+            "interpreter's EXT_SUFFIX (triton/runtime/build.py _compile_so). The GPU's name is in no key: "
+            "H100 SXM, H100 PCIe and H200 share it",
+        ),
+        LayerRule(
+            "flashinfer",
+            _FLASHINFER,
+            False,
+            "FlashInfer's JIT workspace is <base>/.cache/flashinfer/<__version__>/<arch tag> "
+            "(flashinfer/jit/env.py _get_workspace_dir_name), and a module loads only after ninja finds it "
+            "fresh (flashinfer/jit/core.py JitSpec.build_and_load, jit/cpp_ext.py run_ninja): build.ninja "
+            "holds absolute paths into FlashInfer's install, the Python include dir, tvm-ffi's headers and "
+            "$CUDA_HOME (jit/cpp_ext.py get_system_includes, generate_ninja_build_for_op), nvcc's version "
+            "sets flags and the sm_12x arch tag, and ninja 1.11 and 1.12+ read each other's logs as stale. "
+            "A flashinfer-cubin wheel counts only at FlashInfer's version (jit/env.py _get_cubin_dir, "
+            "_check_cubin_version), CuTe-DSL entries only with the same nvidia-cutlass-dsl "
+            "(jit/cute_dsl_core.py). The GPU's name and the recipe are in none of it",
+        ),
+        LayerRule(
+            "b12x",
+            (
+                "packages.flashinfer-python",
+                "packages.nvidia-cutlass-dsl",
+                "packages.torch",
+                "torch_cuda",
+                "python",
+                "gpu.compute_capability",
+                "gpu.name",
+                "paths.cuda_home",
+                "machine",
+                "os",
+                *_RUNS_ON,
+            ),
+            False,
+            "b12x (FlashInfer's CuTe-DSL kernels) keys its compile cache "
+            "(flashinfer/experimental/b12x/_lib/compiler.py _build_compile_disk_cache_key) on its package's "
+            "content (_b12x_package_fingerprint: flashinfer-python's version stands for it), "
+            "_runtime_toolchain_key (the Python version, torch, torch.version.cuda, nvidia-cutlass-dsl), "
+            "_device_arch_key (the compute capability and the SM count, which the fingerprint records "
+            "through the GPU's name: 132 SMs on H100 SXM, 114 on H100 PCIe) and _compile_environment_key "
+            "(CUDA_HOME). Not the recipe",
+        ),
+        LayerRule("inductor", _INDUCTOR, True, _INDUCTOR_WHY),
+        LayerRule(
+            "inductor-headers",
+            _INDUCTOR,
+            True,
+            "Inductor's precompiled header (torch/_inductor/codecache.py _precompile_header) is keyed on "
+            "its C++ compile command line (the Python and torch include dirs, the ISA flags) and g++ -v, "
+            "and serves only Inductor's kernels: it fits where Inductor's cache does. " + _INDUCTOR_WHY,
+        ),
+        LayerRule(
+            "vllm",
+            ("*",),
+            True,
+            "vLLM's compile cache key (vllm/compilation/caching.py, decorators.py) hashes "
+            "envs.compile_factors(), VllmConfig.compute_hash() (vLLM's version, the recipe's model and "
+            "engine args) and Inductor's factors (CacheBase.get_system(), torch_key()); "
+            "vllm/compilation/backends.py's code hash holds absolute paths into the install; its "
+            "flashinfer_autotune_cache is by FlashInfer version and arch: every field and the recipe",
+        ),
+        LayerRule(
+            "cuda",
+            ("gpu.driver", "gpu.compute_capability", "machine", "os"),
+            False,
+            "the CUDA driver's compute cache (CUDA_CACHE_PATH, default ~/.nv/ComputeCache) holds PTX the "
+            "driver's JIT compiled for one GPU architecture, and 'is automatically invalidated when the "
+            "device driver is upgraded' (CUDA C++ Programming Guide, Just-in-Time Compilation; the driver "
+            "is closed source): another driver version, a newer one too, reuses none of it",
+            hard=("gpu.driver",),
+        ),
+    )
+}
+
+
+def layer_rule(component: str) -> LayerRule:
+    """The component's rule; one without a rule of its own gets every field and the recipe."""
+    return LAYER_RULES.get(component) or LayerRule(
+        component,
+        ("*",),
+        True,
+        "no rule of its own: every field and the recipe decide, as for a whole artifact",
+    )
+
+
+def _layer_rules(rule: LayerRule, *fps: Fingerprint) -> list[tuple[Rule, Kind]]:
+    """The rules a layer takes, with the kind each has for these fingerprints in this layer."""
+    out = []
+    for r, kind in _rules(*fps):
+        if not rule.names(r.field):
+            continue
+        if r.field in rule.hard:
+            r, kind = Rule(r.field, HARD, rule.why), HARD
+        out.append((r, kind))
+    return out
+
+
+def layer_decisions(
+    component: str,
+    built: Fingerprint,
+    node: Fingerprint,
+    built_identity: Mapping[str, Any] | None,
+    identity: Mapping[str, Any] | None,
+) -> list[Decision]:
+    """decisions() for the fields the component's rule names (a field it holds hard decided as
+    hard), and recipe_decisions() when the recipe enters the layer and both identities are given."""
+    rule = layer_rule(component)
+    out = _decide(_layer_rules(rule, built, node), built, node, identity)
+    if rule.recipe and built_identity is not None and identity is not None:
+        out += recipe_decisions(built_identity, identity)
+    return out
+
+
+def layer_fits(
+    component: str,
+    built: Fingerprint,
+    node: Fingerprint,
+    built_identity: Mapping[str, Any] | None,
+    identity: Mapping[str, Any] | None,
+) -> bool:
+    return fits(layer_decisions(component, built, node, built_identity, identity))
+
+
+def layer_hard_fields(component: str, fp: Fingerprint) -> dict[str, Any]:
+    """The layer's hard fields of fp, flattened to dotted names: what its layer key is made of."""
+    return {r.field: fp.get(r.field) for r, kind in _layer_rules(layer_rule(component), fp) if kind == HARD}
+
+
+def layer_key(component: str, fp: Fingerprint, recipe_identity: Mapping[str, Any]) -> str:
+    """sha256 over the component's name, its layer's hard fields and (where it enters) the recipe.
+
+    Two fingerprints pass a layer's hard rules exactly when their layer keys are equal, as with
+    key(). Triton's kernels do not key on the GPU's name, Inductor's do:
+
+    >>> from dataclasses import replace
+    >>> from warmer.fingerprint import probe
+    >>> here, r = probe(), {"name": "tiny", "engine": {"max_num_seqs": 4}}
+    >>> pcie = replace(here, gpu=replace(here.gpu, name="NVIDIA H100 PCIe"))
+    >>> layer_key("triton", here, r) == layer_key("triton", pcie, r), layer_key("inductor", here, r) == layer_key("inductor", pcie, r)
+    (True, False)
+    >>> layer_key("triton", here, r) == layer_key("triton", here, {"name": "other"}), layer_key("vllm", here, r) == key(here, r)
+    (True, False)
+    """
+    rule = layer_rule(component)
+    doc: dict[str, Any] = {"component": component, "hard": layer_hard_fields(component, fp)}
+    if rule.recipe:
+        doc["recipe"] = key_identity(recipe_identity)
+    return _digest(doc)

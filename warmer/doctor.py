@@ -380,12 +380,14 @@ def _artifact(
             INFO,
             "artifact",
             str(root),
-            f"artifact {art.key[:16]} of recipe {art.recipe.name} is active (restored {marker.restored_at})",
+            f"artifact {art.key[:16]} of recipe {art.recipe.name} is active (restored {marker.restored_at})"
+            + (f", in part: {', '.join(marker.components)}" if marker.components is not None else ""),
             "none",
         )
     ]
     # Is it in use, and will it hit: the same outlook fetch and serve give.
-    return out + list(outlook(recipe, root, art, env, node=node() if node else None, exists=exists).findings)
+    look = outlook(recipe, root, art, env, node=node() if node else None, exists=exists, components=marker.components)
+    return out + list(look.findings)
 
 
 def _ownership(root: Path, owner: tuple[int, int] | None) -> list[Finding]:

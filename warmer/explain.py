@@ -8,16 +8,72 @@ advisory differences, then the newest), each with the rules it fails and why.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from warmer import compat
+from warmer.artifact import Artifact
 from warmer.compat import Decision
 from warmer.entry import BlobRef, IndexEntry
 from warmer.errors import UntrustedInput
 from warmer.fingerprint import Fingerprint
 from warmer.recipe import Recipe
 from warmer.store import Store
+
+# How many index entries a miss reads to name the nearest artifact (and offer a partial hit).
+NEAREST_LIMIT = 50
+
+
+@dataclass(frozen=True)
+class LayerFit:
+    """One cache component of an artifact judged on its own rule (compat.LAYER_RULES) against a node."""
+
+    component: str
+    fits: bool
+    bytes: int
+    decided_by: tuple[str, ...]  # the hard and ranged fields of its rule ("recipe" when it enters)
+    failed: tuple[Decision, ...]  # the decisions that fail
+
+    def line(self) -> str:
+        """'inductor: NO, gpu.name: built with ..., this node has ...' or 'triton: fits (decided by ...)'."""
+        if self.fits and compat.layer_rule(self.component).fields == ("*",):
+            return f"{self.component}: fits (decided by every field, as for the whole artifact, and the recipe)"
+        if self.fits:
+            return f"{self.component}: fits (decided by {', '.join(self.decided_by) or 'nothing'})"
+        return f"{self.component}: NO, {'; '.join(d.line() for d in self.failed)}"
+
+    def to_json(self) -> dict:
+        return {
+            "component": self.component,
+            "fits": self.fits,
+            "bytes": self.bytes,
+            "decided_by": list(self.decided_by),
+            "failed": [d.to_json() for d in self.failed],
+        }
+
+
+def layer_fits(artifact: Artifact, recipe_identity: Mapping[str, Any], node: Fingerprint) -> tuple[LayerFit, ...]:
+    """Each component the artifact holds files of, fitted to node on its own rule."""
+    out = []
+    for name, summary in artifact.components.items():
+        if not summary.files:
+            continue
+        rule = compat.layer_rule(name)
+        decided = compat.layer_decisions(name, artifact.fingerprint, node, artifact.recipe.identity, recipe_identity)
+        decided_by = tuple(d.field for d in decided if d.kind != compat.ADVISORY and not d.field.startswith("recipe."))
+        failed = tuple(d for d in decided if not d.ok)
+        out.append(
+            LayerFit(
+                component=name,
+                fits=not failed,
+                bytes=summary.bytes,
+                decided_by=decided_by + (("recipe",) if rule.recipe else ()),
+                failed=failed,
+            )
+        )
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -34,6 +90,17 @@ class Candidate:
     blob: BlobRef
     built_on: str
     decisions: tuple[Decision, ...]
+    layers: tuple[LayerFit, ...] = ()  # one per component the artifact holds files of
+
+    @property
+    def partial(self) -> tuple[str, ...]:
+        """The components that fit this node on their own rules, when the whole artifact does not."""
+        return () if self.accepted else tuple(layer.component for layer in self.layers if layer.fits)
+
+    @property
+    def fitting_bytes(self) -> int:
+        """The bytes of the components that fit this node on their own rules."""
+        return sum(layer.bytes for layer in self.layers if layer.fits)
 
     def differences(self) -> list[str]:
         """The failed rules, one line each: 'field: reason'."""
@@ -50,6 +117,8 @@ class Candidate:
             "blob": vars(self.blob).copy(),
             "built_on": self.built_on,
             "decisions": [d.to_json() for d in self.decisions],
+            "layers": [layer.to_json() for layer in self.layers],
+            "partial": list(self.partial),
         }
 
 
@@ -115,6 +184,7 @@ def candidate(entry: IndexEntry, recipe: Recipe, node: Fingerprint, node_key: st
         blob=entry.blob,
         built_on=art.fingerprint.describe(),
         decisions=tuple(decided),
+        layers=layer_fits(art, recipe.identity(), node),
     )
 
 
@@ -155,7 +225,7 @@ def explain(store: Store, recipe: Recipe, node: Fingerprint, *, limit: int | Non
     )
 
 
-def nearest(store: Store, recipe: Recipe, node: Fingerprint, *, limit: int = 50) -> Nearest | None:
+def nearest(store: Store, recipe: Recipe, node: Fingerprint, *, limit: int = NEAREST_LIMIT) -> Nearest | None:
     found = explain(store, recipe, node, limit=limit).candidates
     if not found:
         return None

@@ -39,8 +39,9 @@ from warmer.store import BlobStream, Store, open_store
 from warmer.vllmkey import FactorDifference
 
 HIT_STATUSES = restore.ACTIVE
-# Every status a fetch ends with (metrics name each one): the hits, then why not.
-STATUSES = (*HIT_STATUSES, "miss", "misfit", "untrusted", "rollback", "unwritable", "error")
+# Every status a fetch ends with (metrics name each one): the hits, a partial hit (the components
+# of an artifact that fit this node), then why not.
+STATUSES = (*HIT_STATUSES, restore.PARTIAL, "miss", "misfit", "untrusted", "rollback", "unwritable", "error")
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,20 @@ class FetchResult:
     signed_by: str | None = None
     for_gpus: str | None = None
     vllm_differences: tuple[FactorDifference, ...] = ()
+    components: tuple[str, ...] = ()  # the artifact's components active in root (all of them on a hit)
+    layers: tuple[explain.LayerFit, ...] = ()  # on a partial hit: each component's fit, and why
 
     @property
     def hit(self) -> bool:
         return self.status in HIT_STATUSES
+
+    def holds(self, required: tuple[str, ...]) -> bool:
+        """--require: a hit, or (given component names) at least those components active."""
+        return (
+            self.hit
+            if not required
+            else self.status in (*HIT_STATUSES, restore.PARTIAL) and all(c in self.components for c in required)
+        )
 
     def to_json(self) -> dict:
         doc: dict[str, Any] = {
@@ -81,6 +92,9 @@ class FetchResult:
             doc["nearest"] = self.nearest.to_json()
         if self.restore:
             doc["restore"] = self.restore.to_json()
+        doc["components"] = list(self.components)
+        if self.layers:
+            doc["layers"] = [layer.to_json() for layer in self.layers]
         for name in ("build_timings", "flashinfer", "signed_by", "for_gpus"):
             if getattr(self, name) is not None:
                 doc[name] = getattr(self, name)
@@ -94,7 +108,8 @@ class FetchResult:
 @dataclass(frozen=True)
 class Choice:
     """What the store offers this node for a recipe. entry is set when its artifact may be
-    activated here; otherwise status says why not (miss, misfit, untrusted, error)."""
+    activated here; otherwise status says why not (miss, misfit, untrusted, error). components:
+    a partial hit, the components of entry's artifact that fit this node (None: all of it)."""
 
     key: str
     status: str | None = None
@@ -102,6 +117,8 @@ class Choice:
     decisions: tuple[Decision, ...] = ()
     nearest: explain.Nearest | None = None
     warnings: tuple[str, ...] = ()
+    components: tuple[str, ...] | None = None
+    layers: tuple[explain.LayerFit, ...] = ()
 
 
 def choose(store: Store, recipe: Recipe, node: Fingerprint, *, trusted_keys: tuple = (), deadline: Deadline) -> Choice:
@@ -119,7 +136,7 @@ def choose(store: Store, recipe: Recipe, node: Fingerprint, *, trusted_keys: tup
     except (StoreError, UntrustedInput) as e:  # an unreachable store is a slow start too, not a failed pod
         return Choice(key, "miss", warnings=(f"{e}; vLLM will compile from cold",))
     if raw is None:
-        return _nothing_for(store, recipe, node, key, deadline)
+        return _nothing_for(store, recipe, node, key, deadline, trusted_keys)
     try:
         entry = IndexEntry.read(raw, recipe.name, key, trusted_keys)  # the signature first, then the rest
         del raw  # artifact.json's bytes again (8 MiB at 45,000 files): not held through the download
@@ -129,19 +146,76 @@ def choose(store: Store, recipe: Recipe, node: Fingerprint, *, trusted_keys: tup
         return Choice(key, "untrusted", warnings=(f"not activated: {e}",))
     decided = tuple(compat.decisions(entry.artifact.fingerprint, node, recipe.identity()))
     if not compat.fits(list(decided)):
-        return Choice(key, "misfit", entry, decided, warnings=tuple(d.line() for d in decided if not d.ok))
+        misfit = tuple(d.line() for d in decided if not d.ok)
+        return _part_of(entry, recipe, node, key, decided, misfit) or Choice(
+            key, "misfit", entry, decided, warnings=misfit
+        )
     return Choice(key, None, entry, decided)
 
 
-def _nothing_for(store: Store, recipe: Recipe, node: Fingerprint, key: str, deadline: Deadline) -> Choice:
-    """A miss: the store has no entry under this key. Which artifact came nearest, and why it missed."""
-    warnings, nearest = [], None
+def _part_of(
+    entry: IndexEntry,
+    recipe: Recipe,
+    node: Fingerprint,
+    key: str,
+    decided: tuple[Decision, ...] = (),
+    said: tuple[str, ...] = (),
+    nearest: explain.Nearest | None = None,
+) -> Choice | None:
+    """A partial hit on entry: the components whose own rules (compat.LAYER_RULES) this node
+    passes, when some do; None when none does."""
+    layers = explain.layer_fits(entry.artifact, recipe.identity(), node)
+    fitting = tuple(layer.component for layer in layers if layer.fits)
+    if not fitting:
+        return None
+    if len(fitting) == len(layers):  # all of it fits: published under another key (an older warmer's rules)
+        return Choice(key, None, entry, decided, nearest, said, layers=layers)
+    left = [layer.line() for layer in layers if not layer.fits]
+    return Choice(
+        key,
+        None,
+        entry,
+        decided,
+        nearest,
+        warnings=(
+            *said,
+            f"partial hit from the artifact built on {entry.artifact.fingerprint.describe()} "
+            f"(key {entry.key[:16]}): {', '.join(fitting)} fit this node; "
+            f"{'; '.join(left)}: those compile from cold",
+        ),
+        components=fitting,
+        layers=layers,
+    )
+
+
+def _nothing_for(
+    store: Store, recipe: Recipe, node: Fingerprint, key: str, deadline: Deadline, trusted_keys: tuple
+) -> Choice:
+    """The store has no entry under this key: a partial hit from the artifact of this recipe whose
+    fitting components weigh the most, or a miss that names the nearest artifact and why it missed."""
+    warnings: list[str] = []
+    nearest: explain.Nearest | None = None
+    found: tuple[explain.Candidate, ...] = ()
     try:
-        nearest = deadline.call(
-            lambda: explain.nearest(store, recipe, node), f"looking for the nearest artifact in {store.url}"
+        found = deadline.call(
+            lambda: explain.explain(store, recipe, node, limit=explain.NEAREST_LIMIT).candidates,
+            f"looking for the nearest artifact in {store.url}",
         )
     except (StoreError, UntrustedInput) as e:  # e.g. nodes may read entries but not list them
         warnings.append(f"no nearest artifact to show: {e}")
+    if found:
+        nearest = explain.Nearest(found[0].key, found[0].accepted, tuple(found[0].differences()))
+    best = max(found, key=lambda c: (c.fitting_bytes, c.published_at), default=None)
+    if best is not None and best.fitting_bytes:
+        try:  # read again, now with the trusted keys: its signature first
+            raw = deadline.call(lambda: store.get_index(recipe.name, best.key), f"reading {best.key[:16]}")
+            entry = IndexEntry.read(raw or b"", recipe.name, best.key, trusted_keys)
+        except (StoreError, UntrustedInput) as e:
+            warnings.append(f"no partial hit from {best.key[:16]}: {e}")
+        else:
+            part = _part_of(entry, recipe, node, key, nearest=nearest)
+            if part is not None:
+                return part
     warnings.append(f"no artifact for recipe {recipe.name} and this node (key {key[:16]}): vLLM will compile from cold")
     return Choice(key, "miss", nearest=nearest, warnings=tuple(warnings))
 
@@ -208,6 +282,7 @@ def fetch(
         progress=bool((store_options or {}).get("progress")),
         deadline=deadline,
         refuse_rollback=bool(trusted_keys),  # only signed artifacts can be rolled back
+        components=choice.components,
     )
     warnings = [*check.notes, *choice.warnings, *activation.warnings]
     if not activation.active:
@@ -217,15 +292,17 @@ def fetch(
                 "FLASHINFER_NO_DOWNLOAD (--offline, or the recipe's offline) is not set: no "
                 "artifact is active, so FlashInfer must be free to fetch what vLLM needs"
             )
+    held = (choice.components or tuple(art.components)) if art else ()
     env = serving.vllm_env(
         recipe,
         activation.vllm_root,
         files=art.files if art else None,
         offline=offline,
-        added=art.serve_env if art else None,
+        added=art.serve_env if art and "vllm" in held else None,
+        components=choice.components,
     )
     served = {**(os.environ if serving_env is None else serving_env), **env.vars}
-    look = outlook(recipe, root, art, served) if art else Outlook()
+    look = outlook(recipe, root, art, served, components=choice.components) if art else Outlook()
     return FetchResult(
         recipe=recipe.name,
         key=choice.key,
@@ -242,6 +319,8 @@ def fetch(
         signed_by=entry.signed_by if entry else None,
         for_gpus=f"{gpus.describe()}, driver {gpus.driver}, from a saved fingerprint" if gpus else None,
         vllm_differences=look.differences,
+        components=held,
+        layers=choice.layers,
     )
 
 

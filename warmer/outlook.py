@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmer import compat, components
+from warmer import compat
+from warmer import components as _components  # outlook's parameter is named components
 from warmer.artifact import Artifact
 from warmer.finding import ERROR, INFO, WARNING, Finding
 from warmer.fingerprint import Fingerprint
@@ -54,11 +55,18 @@ def outlook(
     *,
     node: Fingerprint | None = None,
     exists: Callable[[str], bool] | None = None,
+    components: tuple[str, ...] | None = None,
 ) -> Outlook:
     """art is active in root and vLLM starts with env (the whole process env). recipe: the one
     being served (None: the artifact's own, as doctor sees a pod); node: check the fit too;
-    exists: whether a path exists where vLLM runs (doctor's, for the model path)."""
-    checked = components.checks(root, env, art.path_contract)  # each cache's env, paths and files
+    exists: whether a path exists where vLLM runs (doctor's, for the model path); components: a
+    partial hit's (only they are judged: the rest compiles from cold, as said when it was fetched)."""
+    held = tuple(art.components) if components is None else components
+    checked = {  # each cache's env, paths and files
+        name: check
+        for name, check in _components.checks(root, env, art.path_contract).items()
+        if name in held or name not in art.components
+    }
     out = [f for check in checked.values() for f in check.findings]
     if recipe is not None and art.recipe.name != recipe.name:
         out.append(
@@ -70,12 +78,14 @@ def outlook(
                 f"fetch {recipe.name}'s artifact into a root of its own",
             )
         )
-    out += _served_as_built(art, env)
+    vllm_held = "vllm" in held or "vllm" not in art.components
+    if vllm_held:  # what vLLM hashes matters only where its own cache was restored
+        out += _served_as_built(art, env)
     said = set(art.recipe.identity.get("env") or {}) | set(art.serve_env)
-    differences = tuple(art.vllm.differences(env)) if art.vllm else ()
+    differences = tuple(art.vllm.differences(env)) if art.vllm and vllm_held else ()
     out += [_difference(d) for d in differences if d.name not in said]
     served = recipe or Recipe.from_artifact(art)
-    fixed = [n for n, c in art.components.items() if not c.relocatable]
+    fixed = [n for n, c in art.components.items() if not c.relocatable and n in held]
     for w in art.path_contract.warnings(root, served.model, fixed):
         out.append(
             Finding(
@@ -100,7 +110,13 @@ def outlook(
             )
         )
     if node is not None:
-        bad = [d for d in compat.decisions(art.fingerprint, node, art.recipe.identity) if not d.ok]
+        identity = art.recipe.identity
+        decided = (
+            compat.decisions(art.fingerprint, node, identity)
+            if components is None
+            else [d for c in held for d in compat.layer_decisions(c, art.fingerprint, node, identity, identity)]
+        )
+        bad = list({d.line(): d for d in decided if not d.ok}.values())
         if bad:
             out.append(
                 Finding(

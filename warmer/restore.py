@@ -14,6 +14,7 @@ create is not replaced unless asked (force).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import fcntl
 import json
@@ -73,6 +74,13 @@ class Marker:
     archive_sha256: str
     restored_at: str
     signature: signing.Signature | None
+    # A partial hit: the components restored (the rest of the artifact was left out, as not fitting
+    # this node); None: the whole artifact.
+    components: tuple[str, ...] | None = None
+
+    def holds(self, rel: str) -> bool:
+        """Whether the root holds rel of the artifact (a partial hit holds its components' files)."""
+        return self.components is None or _in_components(rel, self.components)
 
     def to_bytes(self) -> bytes:
         return b"".join(self.pieces())
@@ -85,6 +93,11 @@ class Marker:
             f'"recipe":"{self.artifact.recipe.name}","archive_sha256":"{self.archive_sha256}",'
             f'"restored_at":"{self.restored_at}",'
         ).encode()
+        yield (
+            b'"components":'
+            + json.dumps(list(self.components) if self.components is not None else None).encode()
+            + b","
+        )
         yield b'"signature":' + json.dumps(self.signature.to_json() if self.signature else None).encode()
         yield from archive.manifest.as_last_field(self.artifact.form, _ARTIFACT_KEY)
 
@@ -110,7 +123,13 @@ class Marker:
             f.text("archive_sha256", max_len=64),
             f.text("restored_at", max_len=64),
             signing.Signature.from_json(f.raw("signature"), f"{where}.signature"),
+            f.str_list("components") if f.raw("components") is not None else None,
         )
+
+
+def _in_components(rel: str, names: tuple[str, ...]) -> bool:
+    owner = components.of_path(rel)
+    return owner is not None and owner.name in names
 
 
 _ARTIFACT_KEY = "artifact"  # the marker's last field: artifact.json's canonical bytes, as they are
@@ -153,6 +172,8 @@ def still_intact(marker: Marker, root: Path, trusted_keys=()) -> str | None:
             return f"its marker's artifact.json is not signed by a trusted key ({e})"
     base = str(root)
     for path, size in marker.artifact.files.sizes():
+        if not marker.holds(path):
+            continue
         try:
             st = os.lstat(os.path.join(base, path))  # not pathlib: 10,000 of them
         except OSError:
@@ -491,6 +512,7 @@ def restore(
     progress: bool = False,
     deadline: Deadline | None = None,
     refuse_rollback: bool = False,
+    components: tuple[str, ...] | None = None,
 ) -> RestoreResult:
     """Activate art in root; a no-op when it is already active and intact.
 
@@ -500,7 +522,8 @@ def restore(
     the caller) is kept in the marker, so a later no-op can check it again. owner (uid, gid): the
     new tree is handed to it before it is swapped in (this process must be root: check_owner).
     refuse_rollback: raise Rollback when art is older than the intact signed artifact active for the
-    same key (decided under the lock, from the one read of the marker).
+    same key (decided under the lock, from the one read of the marker). components: a partial hit,
+    only these components' files are activated (every file is still checked on the way).
     """
     root = check_root(root)
     check_owner(owner)
@@ -511,7 +534,12 @@ def restore(
         with locked(root, lock_timeout, owner, deadline):
             _clean_leftovers(root, owner)
             marker = active(root, expect=art)
-            if marker and marker.artifact.id == art.id and still_intact(marker, root, trusted_keys) is None:
+            if (
+                marker
+                and marker.artifact.id == art.id
+                and marker.components == components
+                and still_intact(marker, root, trusted_keys) is None
+            ):
                 if owner and os.geteuid() == 0 and os.lstat(root).st_uid != owner[0]:
                     _chown_tree(root, owner)  # restored by root before: hand it over now
                 return RestoreResult("already-active", str(root), art.key, round(time.perf_counter() - t0, 3))
@@ -539,7 +567,11 @@ def restore(
                 finally:
                     if bar:
                         bar.close()
-                done = Marker(art, got.archive_sha256, datetime.now(UTC).isoformat(timespec="seconds"), signature)
+                if components is not None:
+                    got = _keep_only(art, components, staging, got)
+                done = Marker(
+                    art, got.archive_sha256, datetime.now(UTC).isoformat(timespec="seconds"), signature, components
+                )
                 with open(staging / MARKER, "xb") as f:  # staging is ours alone until the swap: no temp file
                     f.writelines(done.pieces())
                 if owner and os.geteuid() == 0:
@@ -571,11 +603,13 @@ def _rolls_back(offered: Artifact, marker: Marker, root: Path, trusted_keys) -> 
 
 # The statuses of an activation that leave vLLM pointed at the offered artifact: a fetch's hits.
 ACTIVE = ("hit", "already-active")
+# Some of its components active (those that fit this node), restored now or before.
+PARTIAL = "partial"
 
 
 @dataclass(frozen=True)
 class Activation:
-    """What a node's fetch left in root for vLLM. status: hit, already-active, unwritable (active,
+    """What a node's fetch left in root for vLLM. status: hit, already-active, partial, unwritable (active,
     but the serving user cannot write root), miss (past the deadline), rollback, error; None when
     nothing was offered. vllm_root: where vLLM compiles (root, or a cold directory of its own when
     root is not writable by it: vLLM writes lock files there even on a full hit)."""
@@ -587,8 +621,8 @@ class Activation:
 
     @property
     def active(self) -> bool:
-        """Whether vLLM is pointed at the offered artifact."""
-        return self.status in ACTIVE
+        """Whether vLLM is pointed at the offered artifact (or, on a partial hit, at its fitting part)."""
+        return self.status in ACTIVE or self.status == PARTIAL
 
 
 def activate(
@@ -611,6 +645,8 @@ def activate(
         try:
             restored = restore(art, open_archive, root, owner=owner, **options)
             status = "hit" if restored.status == "restored" else restored.status
+            if options.get("components") is not None:
+                status = PARTIAL
         except (KeyboardInterrupt, SystemExit, Terminated, UsageError):
             raise
         except Exception as e:  # the README's promise: whatever went wrong, the pod starts (slowly)
@@ -630,7 +666,7 @@ def activate(
         f"{root} is not writable by uid {uid}, the user vLLM runs as: {problem}; vLLM would crash on its lock "
         f"files there, so the env points it at {cold} (a cold start). {ownership_fix(root, uid)}"
     )
-    return Activation("unwritable" if status in ACTIVE else status, cold, restored, tuple(warnings))
+    return Activation("unwritable" if status in (*ACTIVE, PARTIAL) else status, cold, restored, tuple(warnings))
 
 
 def _not_activated(e: Exception, root: Path) -> str:
@@ -696,6 +732,25 @@ def _extract(
     for c in components.ALL:  # e.g. TMPDIR must exist, or it is silently replaced by /tmp
         (staging / c.subdir).mkdir(exist_ok=True)
     return got
+
+
+def _keep_only(art: Artifact, names: tuple[str, ...], staging: Path, got: archive.Extracted) -> archive.Extracted:
+    """A partial hit: the files of components other than names removed from staging (they were
+    checked with the rest, but do not fit this node), and the counts of what stays."""
+    dropped, dropped_bytes, parents = 0, 0, set()
+    for path, size in art.files.sizes():
+        if not _in_components(path, names):
+            os.unlink(staging / path)
+            dropped, dropped_bytes = dropped + 1, dropped_bytes + size
+            parents.add(os.path.dirname(path))
+    for rel in sorted(parents, key=lambda p: p.count("/"), reverse=True):  # the emptied directories
+        while rel and "/" in rel:
+            try:
+                os.rmdir(staging / rel)
+            except OSError:
+                break
+            rel = os.path.dirname(rel)
+    return dataclasses.replace(got, files=got.files - dropped, bytes=got.bytes - dropped_bytes)
 
 
 def _files_of(art: Artifact, manifest: Iterator[memoryview]) -> archive.FileList:

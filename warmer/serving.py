@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from warmer import components, restore
+from warmer import components as _components  # vllm_env's parameter is named components
+from warmer import restore
 from warmer.envfile import EnvFile
 from warmer.outlook import Outlook, outlook
 from warmer.recipe import Recipe
@@ -24,7 +25,13 @@ from warmer.vllmkey import FactorDifference
 
 
 def vllm_env(
-    recipe: Recipe, root: Path, *, files=None, offline: bool = False, added: Mapping[str, str] | None = None
+    recipe: Recipe,
+    root: Path,
+    *,
+    files=None,
+    offline: bool = False,
+    added: Mapping[str, str] | None = None,
+    components: tuple[str, ...] | None = None,
 ) -> EnvFile:
     """The variables warmer sets for vLLM: caches under root, then the recipe's env.
 
@@ -33,14 +40,15 @@ def vllm_env(
     warm-up never fetched is then an error at serve time, not a download: only for nodes without
     network). Without an artifact the ban is never set: a cold start must be free to fetch what
     it needs, or a slow start becomes a failed one. added: what the build added to the recipe's
-    env (Artifact.serve_env)."""
-    env = components.cache_env(root)
+    env (Artifact.serve_env). components: on a partial hit, the components restored (the env of
+    what the artifact holds is theirs alone)."""
+    env = _components.cache_env(root)
     # TMPDIR points under the root (for Inductor's precompiled headers), and vLLM's IPC sockets
     # would follow it: under a long root their paths overflow the 107-byte limit of a Unix
     # socket. VLLM_RPC_BASE_PATH moves them back and is outside vLLM's compile key.
     env["VLLM_RPC_BASE_PATH"] = "/tmp"
     if files is not None:
-        env.update(components.serve_env(files, root))
+        env.update(_components.serve_env(files, root, components))
         if offline or recipe.offline:
             env["FLASHINFER_NO_DOWNLOAD"] = "1"
     env.update(recipe.env)
@@ -48,9 +56,13 @@ def vllm_env(
     return EnvFile.of(env, f"{recipe.source}: env")
 
 
-def artifact_env(recipe: Recipe, root: Path, art, *, offline: bool = False) -> EnvFile:
-    """vllm_env for an artifact restored in root (warmer.artifact.Artifact)."""
-    return vllm_env(recipe, root, files=art.files, offline=offline, added=art.serve_env)
+def artifact_env(
+    recipe: Recipe, root: Path, art, *, offline: bool = False, components: tuple[str, ...] | None = None
+) -> EnvFile:
+    """vllm_env for an artifact restored in root (warmer.artifact.Artifact); components: a partial
+    hit's (the marker's), None for all of it."""
+    added = art.serve_env if components is None or "vllm" in components else None
+    return vllm_env(recipe, root, files=art.files, offline=offline, added=added, components=components)
 
 
 def environ_for_vllm(recipe: Recipe, root: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -188,11 +200,15 @@ def plan(
             f"{restore.ownership_fix(root, os.geteuid())}"
         )
         root, marker = cold, None
-    env = artifact_env(recipe, root, marker.artifact, offline=offline) if marker else vllm_env(recipe, root)
+    env = (
+        artifact_env(recipe, root, marker.artifact, offline=offline, components=marker.components)
+        if marker
+        else vllm_env(recipe, root)
+    )
     if env_file is not None:
         env = env.merged(env_file.vars)
     environ = {**(os.environ if base is None else base), **env.vars}
-    look = outlook(recipe, root, marker.artifact, environ) if marker else Outlook()
+    look = outlook(recipe, root, marker.artifact, environ, components=marker.components) if marker else Outlook()
     warnings += look.warnings
     if marker is None and problem is None:  # an unwritable root is said above
         warnings.append(

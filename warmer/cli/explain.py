@@ -20,10 +20,16 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     add_recipe(c)
     add_store(c)
     c.add_argument("-v", "--verbose", action="store_true", help="also show the rules that hold")
+    c.add_argument(
+        "--gpus-from",
+        metavar="FILE",
+        help="judge for the GPUs of this saved fingerprint (`warmer fingerprint --json` on a serving node), "
+        "not this machine's",
+    )
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    result = api.explain(args.recipe, args.store, **store_options(args, out))
+    result = api.explain(args.recipe, args.store, gpus_from=args.gpus_from, **store_options(args, out))
     out.emit(result, report(result, verbose=args.verbose))
     return EXIT_OK
 
@@ -46,6 +52,7 @@ def report(r: Explanation, verbose: bool = False) -> str:
             f"{'  fails ' + failed if failed else ''}  published {c.published_at.isoformat()}"
         )
         lines.append(f"           built on {c.built_on}")
+        lines += [f"    layer {layer.line()}" for layer in c.layers]
         for d in c.decisions:
             if not d.ok or (verbose and d.kind != "advisory"):
                 lines.append(f"    {'ok ' if d.ok else 'NO '} {d.field} [{d.kind}]: {d.reason}")

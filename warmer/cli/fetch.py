@@ -4,9 +4,10 @@ with; with --all, every recipe that targets this node's SKU."""
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
 
-from warmer import api, errors
+from warmer import api, components, errors
 from warmer.cli import (
     Output,
     add_deadline,
@@ -36,9 +37,12 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     add_root(c, required=False)
     c.add_argument(
         "--require",
-        action="store_true",
-        default=env_flag("WARMER_REQUIRE"),
-        help=f"exit {EXIT_MISS} on a miss instead of 0 (env WARMER_REQUIRE=1)",
+        nargs="?",
+        const="all",
+        default=_require_env(),
+        metavar="COMPONENTS",
+        help=f"exit {EXIT_MISS} unless it hits, instead of 0; with COMPONENTS (e.g. flashinfer,triton), unless "
+        "at least those are restored: a partial hit that has them passes (env WARMER_REQUIRE=1 or =COMPONENTS)",
     )
     c.add_argument(
         "--all",
@@ -78,6 +82,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    args.require = required_components(args.require)  # a typo is said before anything is fetched
     if args.all:
         return _fetch_all(args, out)
     if not args.recipe or not args.root:
@@ -102,7 +107,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         seconds_ = result.restore.seconds if result.restore else 0.0
         api.write_fetch_metrics(args.metrics_file, [api.Outcome(result.recipe, result.root, result, seconds_)])
     out.emit(result)
-    return EXIT_OK if result.hit or not args.require else EXIT_MISS
+    return EXIT_OK if args.require is None or result.holds(args.require) else EXIT_MISS
 
 
 def _fetch_all(args: argparse.Namespace, out: Output) -> int:
@@ -133,13 +138,40 @@ def _fetch_all(args: argparse.Namespace, out: Output) -> int:
     fetched = [o.result for o in outcomes if o.result is not None]
     if any(o.bad_recipe for o in outcomes):  # the others were fetched; a bad file is the operator's to fix
         return errors.EXIT_USAGE
-    return EXIT_MISS if args.require and not all(r.hit for r in fetched) else EXIT_OK
+    return EXIT_MISS if args.require is not None and not all(r.holds(args.require) for r in fetched) else EXIT_OK
+
+
+def _require_env() -> str | None:
+    value = os.environ.get("WARMER_REQUIRE", "").strip()
+    if env_flag("WARMER_REQUIRE"):
+        return "all"
+    return value if value and value.lower() not in ("0", "false", "no", "off") else None
+
+
+def required_components(value: str | None) -> tuple[str, ...] | None:
+    """--require's value: None (not given), () (a hit: every component), or the components that must
+    be restored. An unknown name is the operator's typo: UsageError, before anything is fetched."""
+    if value is None:
+        return None
+    if value == "all":
+        return ()
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    unknown = [n for n in names if n not in components.BY_NAME]
+    if unknown or not names:
+        raise errors.UsageError(
+            f"--require {value!r}: {', '.join(unknown) or 'no component'} is not a cache component; "
+            f"give a comma-separated list of {', '.join(components.BY_NAME)}, or --require alone for a full hit"
+        )
+    return names
 
 
 def report(r: FetchResult) -> str:
     lines = [f"warmer fetch: {r.status} - recipe {r.recipe}, key {r.key[:16]}, root {r.root}"]
     if r.for_gpus:
         lines.append(f"  for GPUs: {r.for_gpus}")
+    if r.status == "partial":
+        lines.append(f"  restored: {', '.join(r.components)}")
+        lines += [f"    {layer.line()}" for layer in r.layers]
     if r.restore:
         rs = r.restore
         extra = f", {rs.files} files, {megabytes(rs.bytes)}" if rs.files is not None else ""

@@ -1,0 +1,125 @@
+"""Partial hits: a node of a GPU SKU without a build of its own gets the components of another SKU's
+artifact whose own rules it passes (FlashInfer's and Triton's across sm_90 parts, never Inductor's,
+which keys on the GPU's name), each with the field that decides it. The GPUs come from the recorded
+fixtures (tests/fixtures/gpus), the rest of the fingerprint from this machine: the store, the pack,
+the restore and the CLI are the real ones."""
+
+import json
+
+import pytest
+
+from tests.conftest import make_cache_tree, run_warmer, tiny_recipe, write_tiny_recipe
+from tests.fixtures import nodes
+from warmer import build, fetch, fingerprint, restore, serving
+from warmer.outlook import outlook
+from warmer.store import open_store
+
+SHARED = {  # what an sm_90 build leaves besides vLLM's and Inductor's caches
+    "triton/AB3C/triton_poi_fused_0.cubin": b"\x7fELF triton kernel for sm_90" * 50,
+    "triton/AB3C/triton_poi_fused_0.json": b'{"target": {"arch": 90}}',
+    "flashinfer/.cache/flashinfer/0.7.2.post1/90a/cached_ops/silu_and_mul/silu_and_mul.so": b"\x7fELF fi" * 400,
+}
+
+
+def _gpus(sku: str):
+    return nodes.gpu_node(sku).gpu
+
+
+@pytest.fixture
+def sxm_store(tmp_path):
+    """One artifact of the tiny recipe, built on an H100 SXM node (this machine's software), published."""
+    root = tmp_path / "build-root"
+    files = make_cache_tree(root)
+    for rel, data in SHARED.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    built = fingerprint.probe(root=root, model="/models/tiny").with_gpus(_gpus("h100-sxm"))
+    art = tmp_path / "sxm.tar.zst"
+    build.pack_root(root, tiny_recipe(), art, fp=built)
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, art)
+    return store, {**files, **SHARED}
+
+
+def test_an_h100_pcie_node_gets_flashinfer_and_triton_from_an_h100_sxm_build_not_inductor(sxm_store, tmp_path):
+    store, files = sxm_store
+    node = tmp_path / "pcie-root"
+    got = fetch.fetch(tiny_recipe(), store, node, gpus=_gpus("h100-pcie"))
+
+    assert got.status == "partial" and not got.hit
+    assert {"flashinfer", "triton"} <= set(got.components)
+    assert not {"inductor", "vllm"} & set(got.components)
+    for rel, data in SHARED.items():
+        assert (node / rel).read_bytes() == data
+    assert not any((node / rel).exists() for rel in files if rel.startswith(("inductor/", "vllm/")))
+    # Each component's decision names the field that decides it.
+    by_name = {layer.component: layer for layer in got.layers}
+    assert by_name["flashinfer"].fits and by_name["triton"].fits
+    assert "gpu.arch" in by_name["flashinfer"].decided_by and "gpu.name" not in by_name["flashinfer"].decided_by
+    assert not by_name["inductor"].fits and [d.field for d in by_name["inductor"].failed] == ["gpu.name"]
+    assert any("partial hit" in w and "inductor" in w and "gpu.name" in w for w in got.warnings), got.warnings
+    # The marker holds the part; the env still points every cache under the root (the rest compiles there).
+    marker = restore.active(node)
+    assert marker is not None and marker.components == got.components
+    assert got.env.vars["TRITON_CACHE_DIR"] == str(node / "triton")
+
+    again = fetch.fetch(tiny_recipe(), store, node, gpus=_gpus("h100-pcie"))
+    assert again.status == "partial" and again.restore.status == "already-active"
+
+
+def test_the_outlook_of_a_partial_root_judges_only_what_it_restored(sxm_store, tmp_path):
+    store, _ = sxm_store
+    node = tmp_path / "pcie-root"
+    fetch.fetch(tiny_recipe(), store, node, gpus=_gpus("h100-pcie"))
+    marker = restore.active(node)
+    pcie = fingerprint.probe(model="/models/tiny").with_gpus(_gpus("h100-pcie"))
+    env = dict(serving.artifact_env(tiny_recipe(), node, marker.artifact, components=marker.components).vars)
+
+    whole = outlook(tiny_recipe(), node, marker.artifact, env, node=pcie)
+    part = outlook(tiny_recipe(), node, marker.artifact, env, node=pcie, components=marker.components)
+    assert any(f.check == "fit" and "gpu.name" in f.what for f in whole.findings)  # could fail: the control
+    assert not any(f.check == "fit" for f in part.findings), part.findings
+
+
+@pytest.mark.parametrize("sku, fits", [("h200", True), ("a100", False)])
+def test_sm90_parts_share_the_layers_and_other_archs_get_none(sxm_store, tmp_path, sku, fits):
+    store, _ = sxm_store
+    got = fetch.fetch(tiny_recipe(), store, tmp_path / "root", gpus=_gpus(sku))
+    if fits:
+        assert got.status == "partial" and {"flashinfer", "triton"} <= set(got.components)
+    else:  # sm_80: neither FlashInfer's 90a modules nor Triton's sm_90 kernels
+        assert got.status == "miss" and got.components == ()
+        assert restore.active(tmp_path / "root") is None
+
+
+def test_require_names_the_components_that_must_be_restored(sxm_store, tmp_path):
+    store, _ = sxm_store
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    saved = tmp_path / "pcie.json"
+    saved.write_text(json.dumps(nodes.gpu_node("h100-pcie").to_json()))
+    args = ["fetch", recipe, "--store", store.url, "--gpus-from", saved]
+
+    ok = run_warmer(*args, "--root", tmp_path / "a", "--require", "flashinfer,triton", "--json")
+    assert ok.returncode == 0, ok.stderr
+    doc = json.loads(ok.stdout)
+    assert doc["status"] == "partial" and {"flashinfer", "triton"} <= set(doc["components"])
+    assert any(layer["component"] == "inductor" and not layer["fits"] for layer in doc["layers"])
+    assert "restored: " in ok.stderr and "gpu.name" in ok.stderr
+    assert run_warmer(*args, "--root", tmp_path / "b", "--require").returncode == 3  # not a full hit
+    assert run_warmer(*args, "--root", tmp_path / "c", "--require", "inductor").returncode == 3
+    bad = run_warmer(*args, "--root", tmp_path / "d", "--require", "flashinfr")
+    assert bad.returncode == 2 and "flashinfr" in bad.stderr and "triton" in bad.stderr
+    assert not (tmp_path / "d").exists()  # said before anything was fetched
+
+
+def test_explain_names_the_field_that_decides_each_layer(sxm_store, tmp_path):
+    store, _ = sxm_store
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    saved = tmp_path / "pcie.json"
+    saved.write_text(json.dumps(nodes.gpu_node("h100-pcie").to_json()))
+    out = run_warmer("explain", recipe, "--store", store.url, "--gpus-from", saved)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert any("layer inductor: NO" in line and "gpu.name" in line for line in lines), out.stdout
+    assert any("layer flashinfer: fits" in line and "gpu.arch" in line for line in lines), out.stdout
+    assert any("layer triton: fits" in line and "gpu.compute_capability" in line for line in lines), out.stdout
