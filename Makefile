@@ -64,6 +64,10 @@ $(AWS_VENV)/bin/aws:
 # LIMITS_ARGS="scaling --sizes 256MiB,1GiB". s3rver (npm) serves the S3 rows: moto is slow on ranged GETs.
 LIMITS_ARGS ?=
 S3RVER := .s3rver/node_modules/.bin/s3rver
+# bench/layers.py's options (issue 30: layers in one store, a layer reused from another root, partial
+# hits on the GPU fixtures and on vLLM's CPU engine; about 10 minutes), e.g. LAYERS_ARGS="gpu" or
+# LAYERS_ARGS="--trials 3".
+LAYERS_ARGS ?=
 
 $(S3RVER):
 	npm install --silent --no-audit --no-fund --prefix .s3rver s3rver@3.7.1
@@ -72,6 +76,7 @@ bench: install $(AWS_VENV)/bin/aws $(S3RVER) oci-registry
 	$(PY) bench/run.py $(BENCH_ARGS)
 	$(PY) bench/oci_fetch.py $(OCI_BENCH_ARGS)
 	$(PY) bench/limits.py $(LIMITS_ARGS)
+	$(PY) bench/layers.py $(LAYERS_ARGS)
 
 # What the lent GPU machine lacks for scripts/gpu-check.sh (it has no network), as wheels in .whl/
 # for its Python (3.12): flashinfer-python, apache-tvm-ffi, zstandard, jsonschema and its

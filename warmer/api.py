@@ -141,6 +141,7 @@ def build(
     workdir: PathLike | None = None,
     allow_partial: bool = False,
     sign_key: PathLike | None = None,
+    layers: bool = False,
     **store_options,
 ) -> _build.BuildResult:
     from warmer import build as _build
@@ -153,6 +154,7 @@ def build(
         work,
         allow_partial=allow_partial,
         sign_key=str(sign_key) if sign_key else None,
+        layers=layers,
     )
 
 
@@ -181,9 +183,12 @@ def publish(
     *,
     sign_key: PathLike | None = None,
     deadline: float | None = None,
+    layers: bool = False,
     **store_options,
 ) -> _build.PublishResult:
-    """deadline: seconds the whole publish may take (None: only per-request timeouts and retries)."""
+    """deadline: seconds the whole publish may take (None: only per-request timeouts and retries);
+    layers: one blob per cache component, each uploaded only if the store lacks it (a layered
+    entry, which nodes need this warmer version to read)."""
     from warmer import build as _build
 
     return _build.publish(
@@ -191,6 +196,7 @@ def publish(
         Path(artifact_file),
         str(sign_key) if sign_key else None,
         deadline=Deadline(deadline, "publish"),
+        layers=layers,
     )
 
 
@@ -442,7 +448,12 @@ class Inspection:
                 "cache_dirs": list(a.vllm.cache_dirs),
             }
         if self.entry:
-            out.update(blob=vars(self.entry.blob).copy(), published_at=self.entry.published_at.isoformat())
+            blob = self.entry.blob  # None: a layered entry, whose blobs are its layers
+            out.update(blob=vars(blob).copy() if blob else None, published_at=self.entry.published_at.isoformat())
+            if blob is None:
+                out["layers"] = [
+                    {"component": x.component, "sha256": x.sha256, "size": x.size} for x in self.artifact.layers
+                ]
         out["signed"] = self.signed
         return out
 

@@ -15,6 +15,10 @@ Schema 1 (a JSON object):
     serve_env       optional: env the build added to the recipe's and every node must serve with
                     (VLLM_USE_AOT_COMPILE=0 where vLLM could not reload its AOT artifact)
     cubins          optional: the FlashInfer cubins the warm-up downloaded (root-relative paths)
+    layers          optional: [{"component", "key", "sha256", "size", "offset"}], one per component
+                    with files: its zstd frame in the archive's body (offset from the body's start),
+                    which a store keeps as a blob of its own, and the layer's key
+                    (compat.layer_key: what that cache's loader checks)
 
 Newer warmers may add optional fields to schema 1; a reader keeps them (they are signed and
 hashed with the rest) and ignores what it does not know. The byte form (canonical()) is what
@@ -38,7 +42,7 @@ from warmer.archive.manifest import load as load  # artifact.load, for entry's a
 from warmer.components import flashinfer
 from warmer.contract import PathContract
 from warmer.fingerprint import Fingerprint
-from warmer.names import NAME
+from warmer.names import HEX64, NAME
 from warmer.untrusted import Fields, InvalidDocument
 from warmer.vllmkey import VllmKey
 
@@ -51,6 +55,30 @@ SERVE_ENV_ALLOWED = {"VLLM_USE_AOT_COMPILE": ("0",)}
 
 class ArtifactError(InvalidDocument):
     """artifact.json is missing, malformed, or of a schema this warmer does not read."""
+
+
+def _layers(f: Fields, components: Mapping[str, Any]) -> tuple[Layer, ...]:
+    """artifact.json's layers: one per component it holds, each a frame after the one before it."""
+    out: list[Layer] = []
+    end = 0
+    for i, lf in enumerate(f.objs("layers")):
+        layer = Layer(
+            lf.text("component", max_len=100),
+            lf.text("key", max_len=64),
+            lf.text("sha256", max_len=64),
+            lf.integer("size", low=1),
+            lf.integer("offset", low=0),
+        )
+        if not (HEX64.match(layer.key) and HEX64.match(layer.sha256)):
+            raise ArtifactError(f"layers[{i}]: key and sha256 must be 64 lower-case hex digits")
+        if layer.offset != end:
+            raise ArtifactError(f"layers[{i}] starts at {layer.offset}, where the layer before it ends at {end}")
+        end = layer.offset + layer.size
+        out.append(layer)
+    names = [layer.component for layer in out]
+    if sorted(names) != sorted(components):
+        raise ArtifactError(f"layers name {', '.join(names) or 'nothing'}, the components {', '.join(components)}")
+    return tuple(out)
 
 
 def canonical_of(doc: Any, files: memoryview | None = None) -> bytes:
@@ -93,6 +121,26 @@ class ComponentSummary:
 
 
 @dataclass(frozen=True)
+class Layer:
+    """One component's files as one zstd frame of the body: stored once, named by its sha256."""
+
+    component: str
+    key: str  # compat.layer_key: the fields that component's loader checks
+    sha256: str
+    size: int
+    offset: int  # from the start of the body (the byte after the manifest frame)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "component": self.component,
+            "key": self.key,
+            "sha256": self.sha256,
+            "size": self.size,
+            "offset": self.offset,
+        }
+
+
+@dataclass(frozen=True)
 class Artifact:
     schema: int
     warmer: str
@@ -109,6 +157,7 @@ class Artifact:
     cubins: tuple[str, ...]
     id: str = field(repr=False, compare=False)  # sha256 of canonical: identifies this artifact.json exactly
     form: manifest.Canonical = field(repr=False, compare=False)  # canonical, in pieces (files is its list)
+    layers: tuple[Layer, ...] = ()  # empty: an artifact packed before layers (one frame, one blob)
 
     # -- making one -----------------------------------------------------------------------------
 
@@ -126,6 +175,7 @@ class Artifact:
         vllm: VllmKey | None = None,
         serve_env: Mapping[str, str] | None = None,
         created_at: datetime | None = None,
+        layers: tuple[Layer, ...] = (),
     ) -> Artifact:
         """created_at: when it was made (default now; a build gives SOURCE_DATE_EPOCH's time)."""
         doc: dict[str, Any] = {
@@ -146,6 +196,8 @@ class Artifact:
         cubins = [f.path for f in files if f.path.startswith(CUBINS)]
         if cubins:
             doc["cubins"] = cubins
+        if layers:
+            doc["layers"] = [layer.to_json() for layer in layers]
         return cls.from_json(*manifest.with_files(doc, files))
 
     def with_timings(self, **timings: dict[str, Any]) -> Artifact:
@@ -202,6 +254,7 @@ class Artifact:
                         f"(only {', '.join(SERVE_ENV_ALLOWED)}): refused"
                     )
             cubins = f.str_list("cubins") if f.raw("cubins") is not None else ()
+            layers = _layers(f, components) if f.raw("layers") is not None else ()
             art = cls(
                 schema=schema,
                 warmer=f.text("warmer", max_len=64) if f.has("warmer") else "?",
@@ -218,6 +271,7 @@ class Artifact:
                 cubins=cubins,
                 id=form.sha256,
                 form=form,
+                layers=layers,
             )
         except ArtifactError:
             raise
@@ -228,6 +282,9 @@ class Artifact:
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = json.loads(self.canonical)
         return doc
+
+    def layer(self, component: str) -> Layer | None:
+        return next((layer for layer in self.layers if layer.component == component), None)
 
     @property
     def canonical(self) -> bytes:

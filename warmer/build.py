@@ -15,6 +15,7 @@ publish  read the whole artifact back (every member against artifact.json), then
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -24,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from warmer import archive, compat, components, fingerprint, progress, restore, serving, signing, verify, warmup
-from warmer.artifact import Artifact, ComponentSummary, RecipeRef
+from warmer.artifact import Artifact, ComponentSummary, Layer, RecipeRef
 from warmer.atomic import atomic_write
 from warmer.contract import PathContract
 from warmer.deadline import Deadline, unbounded
@@ -135,6 +136,7 @@ def build(
     *,
     allow_partial: bool = False,
     sign_key: str | None = None,
+    layers: bool = False,
 ) -> BuildResult:
     root = restore.check_root(root)
     store = open_store(store_url) if isinstance(store_url, str) else store_url
@@ -180,7 +182,7 @@ def build(
             result,
         )
     with progress.step(f"build: publish to {store.url}") as s:
-        published_as = publish(store, verified.packed.path, sign_key)
+        published_as = publish(store, verified.packed.path, sign_key, layers=layers)
         s.done(published_as.status)
     return replace(result, status=published_as.status, publish=published_as)
 
@@ -316,7 +318,14 @@ def _write_artifact(
     contract = PathContract.here(root, recipe.model, serving.environ_for_vllm(recipe, root))
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=out.parent) as body:
-        files = archive.pack_body(root, [rel for _, rel in found], body, level=level)
+        groups: dict[str, list[str]] = {}
+        for c, rel in found:  # collect() gives each component's files together, in components.ALL's order
+            groups.setdefault(c.name, []).append(rel)
+        files, frames = archive.pack_layers(root, list(groups.items()), body, level=level)
+        layers = tuple(
+            Layer(f.name, compat.layer_key(f.name, target.fingerprint, recipe.identity()), f.sha256, f.size, f.offset)
+            for f in frames
+        )
         sizes = {f.path: f.size for f in files}
         counts: dict[str, list[int]] = {}
         for c, rel in found:
@@ -341,6 +350,7 @@ def _write_artifact(
             vllm=vllm,
             serve_env=serve_env,
             created_at=created_at,
+            layers=layers,
         )
         body.seek(0)
         # No fsync (0.5 s per 300 MB archive on this disk): publish checks every byte of the
@@ -364,6 +374,8 @@ class PublishResult:
     blob_uploaded: bool
     published_blob: str | None = None  # the published entry's blob, when this publish did not create it
     removed_own_blob: bool | None = None  # lost a race after uploading: its blob, named by no entry, removed
+    layers: dict[str, bool] | None = None  # a layered publish: each component's layer, and whether it went up
+    bytes_uploaded: int | None = None  # a layered publish: the bytes of the layers the store lacked
 
     def to_json(self) -> dict:
         return {k: v for k, v in vars(self).items() if v is not None}
@@ -383,13 +395,20 @@ def check_artifact_file(path: Path) -> tuple[Artifact, str]:
 
 
 def publish(
-    store: Store, path: Path, sign_key: str | None = None, *, deadline: Deadline | None = None
+    store: Store,
+    path: Path,
+    sign_key: str | None = None,
+    *,
+    deadline: Deadline | None = None,
+    layers: bool = False,
 ) -> PublishResult:
     """Check the whole artifact; if its key is published already, stop there (a published
     artifact never changes); else upload the blob (unless the store has it), then create the
     index entry if it is still absent. With sign_key, artifact.json is signed; the signature goes
     into the index entry and beside the file as FILE.sig. deadline: the store's own (its retries
-    stop at it) and checked between the steps."""
+    stop at it) and checked between the steps. layers: upload each cache component's layer as a
+    blob of its own (only those the store lacks) under a layered entry (schema 2), which nodes
+    before this warmer cannot read."""
     if deadline is not None:
         store.deadline = deadline
     deadline = deadline or unbounded()
@@ -406,6 +425,8 @@ def publish(
     raw = deadline.call(lambda: store.get_index(name, key), "reading the index entry")
     if raw is not None:
         return replace(result, published_blob=_blob_named(raw, name, key))
+    if layers:
+        return _publish_layers(store, path, art, signature, result, deadline)
     deadline.check("uploading the blob")
     uploaded = store.put_blob(str(path), digest)
     deadline.check("creating the index entry")
@@ -419,15 +440,70 @@ def publish(
     return replace(result, blob_uploaded=uploaded, published_blob=winner, removed_own_blob=removed)
 
 
+def _publish_layers(
+    store: Store,
+    path: Path,
+    art: Artifact,
+    signature: signing.Signature | None,
+    result: PublishResult,
+    deadline: Deadline,
+) -> PublishResult:
+    """Each layer the store lacks goes up as a blob of its own (cut from the file: no recompression),
+    then the layered entry. A layer may be named by many entries: one that lost a race stays, and
+    gc removes it once no entry names it."""
+    if not art.layers:
+        raise BuildError(
+            f"not publishing {path} in layers: it was packed before layers (one frame); pack it again "
+            "with this warmer, or publish it without --layers"
+        )
+    sent: dict[str, bool] = {}
+    with open(path, "rb") as f:
+        body = archive.first_frame_size(f)
+        for layer in art.layers:
+            deadline.check(f"uploading the {layer.component} layer")
+            sent[layer.component] = not store.has_blob(layer.sha256) and _put_layer(store, f, body, layer, path)
+    entry = IndexEntry.new(art, None, signature).to_bytes()
+    deadline.check("creating the index entry")
+    created = store.put_index(art.recipe.name, art.key, entry)
+    if created:  # an rm or gc may have deleted a layer this publish found present and skipped
+        with open(path, "rb") as f:
+            for layer in art.layers:
+                if not sent[layer.component] and not store.has_blob(layer.sha256):
+                    sent[layer.component] = _put_layer(store, f, body, layer, path)
+    up = sum(layer.size for layer in art.layers if sent[layer.component])
+    return replace(result, status="published" if created else result.status, layers=sent, bytes_uploaded=up)
+
+
+def _put_layer(store: Store, f, body: int, layer: Layer, path: Path) -> bool:
+    """One layer's bytes of the artifact file f, checked against its digest, uploaded as its blob."""
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.{layer.component}.") as part:
+        f.seek(body + layer.offset)
+        h, left = hashlib.sha256(), layer.size
+        while left:
+            chunk = f.read(min(left, 1 << 20))
+            if not chunk:
+                raise BuildError(f"not publishing {path}: it ends inside its {layer.component} layer")
+            h.update(chunk)
+            part.write(chunk)
+            left -= len(chunk)
+        if h.hexdigest() != layer.sha256:
+            raise BuildError(
+                f"not publishing {path}: its {layer.component} layer does not hash to the digest artifact.json gives"
+            )
+        part.flush()
+        return store.put_blob(part.name, layer.sha256)
+
+
 def _blob_named(raw: bytes | None, recipe: str, key: str) -> str | None:
     """The blob an index entry names; None when there is none or it is unreadable (`warmer ls` and
     `warmer rm` show and fix that)."""
     if raw is None:
         return None
     try:
-        return IndexEntry.read(raw, recipe, key).blob.sha256
+        blob = IndexEntry.read(raw, recipe, key).blob
     except WarmerError:
         return None
+    return blob.sha256 if blob else None
 
 
 def _remove_own_blob(store: Store, path: Path, digest: str, recipe: str, key: str) -> bool:

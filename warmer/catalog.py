@@ -10,13 +10,18 @@ artifact to another's newer builds. It deletes index entries first and blobs aft
 a blob that a remaining index entry names. A blob no entry has ever named is a publish in
 flight or one that lost a race; it is deleted only once it is older than ORPHAN_GRACE. An
 unreadable entry stops gc (it cannot know which blob that entry needs): `warmer rm` it first.
+
+An entry names one blob (schema 1) or one per layer (a layered entry, schema 2), and a layer blob
+may be named by many entries: everything here goes through IndexEntry.blobs, and a blob stays
+while any entry names it.
 """
 
 from __future__ import annotations
 
 import getpass
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -52,39 +57,80 @@ def read_entries(store: Store, names: list[tuple[str, str]]) -> tuple[list[Index
     return ([e for e in found if isinstance(e, IndexEntry)], [e for e in found if isinstance(e, Unreadable)])
 
 
+def named_blobs(entries: Iterable[IndexEntry]) -> set[str]:
+    """The sha256 of every blob the entries name (layer blobs included)."""
+    return {b.sha256 for e in entries for b in e.blobs}
+
+
+def namings(entries: Iterable[IndexEntry]) -> Counter[str]:
+    """How many of the entries name each blob."""
+    return Counter(sha for e in entries for sha in {b.sha256 for b in e.blobs})
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """One layer blob of a layered entry; shared: another entry (of those read) names it too."""
+
+    component: str
+    sha256: str
+    size: int
+    shared: bool
+
+    def to_json(self) -> dict:
+        return dict(vars(self))
+
+
 @dataclass(frozen=True)
 class Row:
     recipe: str
     key: str
     machine: str
     published_at: datetime
-    blob: str
-    archive_bytes: int
+    blob: str | None  # the one blob of a single-blob entry; None: a layered entry (see layers)
+    archive_bytes: int  # the bytes of every blob the entry names
     files: int
     cache_bytes: int
     verify: str | None
     signed: bool
     warmer: str
+    layers: tuple[LayerRow, ...] = ()  # a layered entry's blobs, one per cache component
+    shared_bytes: int = 0  # of archive_bytes, those in blobs another entry names too
 
     @classmethod
-    def of(cls, e: IndexEntry) -> Row:
-        art = e.artifact
+    def of(cls, e: IndexEntry, named_by: Mapping[str, int] | None = None) -> Row:
+        """named_by: how many entries name each blob (namings), to tell the shared ones."""
+        art, counts = e.artifact, named_by or {}
+        shared = {b.sha256 for b in e.blobs if counts.get(b.sha256, 0) > 1}
         return cls(
             e.recipe,
             e.key,
             art.fingerprint.machine_kind(),
             e.published_at,
-            e.blob.sha256,
-            e.blob.size,
+            e.blob.sha256 if e.blob is not None else None,
+            sum(b.size for b in e.blobs),
             len(art.files),
             art.total_bytes,
             (art.timings.get("verify") or {}).get("verdict"),
             e.signature is not None,
             art.warmer,
+            tuple(LayerRow(x.component, x.sha256, x.size, x.sha256 in shared) for x in art.layers) if e.layered else (),
+            sum(b.size for b in e.blobs if b.sha256 in shared),
         )
 
+    @property
+    def blobs(self) -> tuple[tuple[str, int], ...]:
+        """(sha256, size) of every blob the entry names."""
+        if self.blob is not None:
+            return ((self.blob, self.archive_bytes),)
+        return tuple((x.sha256, x.size) for x in self.layers)
+
     def to_json(self) -> dict:
-        return {**vars(self), "published_at": self.published_at.isoformat()}
+        doc = {**vars(self), "published_at": self.published_at.isoformat()}
+        if self.layers:
+            doc["layers"] = [x.to_json() for x in self.layers]
+        else:
+            del doc["layers"]  # a single-blob entry: its row as before layers
+        return doc
 
 
 def blob_json(b: Blob) -> dict:
@@ -100,28 +146,66 @@ class Listing:
     # of one recipe reads only its entries, and an unreadable entry may name any blob).
     orphans: tuple[Blob, ...] | None = None
 
+    @property
+    def stored_bytes(self) -> int:
+        """The bytes the listed entries take in the store: each blob they name, once."""
+        return sum(dict(b for r in self.rows for b in r.blobs).values())
+
+    @property
+    def unshared_bytes(self) -> int:
+        """The bytes they would take if no blob were shared: each entry's blobs, whole."""
+        return sum(r.archive_bytes for r in self.rows)
+
+    @property
+    def blob_count(self) -> int:
+        return len({sha for r in self.rows for sha, _ in r.blobs})
+
+    @property
+    def shared_blobs(self) -> int:
+        """How many blobs more than one listed entry names."""
+        counts = Counter(sha for r in self.rows for sha in {sha for sha, _ in r.blobs})
+        return sum(1 for n in counts.values() if n > 1)
+
+    @property
+    def sharing(self) -> bool:
+        """Whether any entry is layered or any blob is shared: then stored and unshared bytes differ, or may."""
+        return self.shared_blobs > 0 or any(r.blob is None for r in self.rows)
+
+    def summary_json(self) -> dict:
+        return {
+            "artifacts": len(self.rows),
+            "blobs": self.blob_count,
+            "stored_bytes": self.stored_bytes,
+            "unshared_bytes": self.unshared_bytes,
+            "shared_blobs": self.shared_blobs,
+        }
+
     def to_json(self) -> list[dict]:
+        """The rows, the unreadable entries, the orphan blobs; and last, where blobs are shared or
+        layered, the summary (the one element with "stored_bytes")."""
         return (
             [r.to_json() for r in self.rows]
             + [{"recipe": u.recipe, "key": u.key, "unreadable": u.why} for u in self.unreadable]
             + [blob_json(b) for b in self.orphans or ()]
+            + ([self.summary_json()] if self.sharing else [])
         )
 
 
 def ls(store: Store, recipe: str | None = None) -> Listing:
     entries, unreadable = read_entries(store, store.list_index(recipe))
-    rows = sorted((Row.of(e) for e in entries), key=lambda r: r.published_at, reverse=True)
+    counts = namings(entries)
+    rows = sorted((Row.of(e, counts) for e in entries), key=lambda r: r.published_at, reverse=True)
     rows.sort(key=lambda r: (r.recipe, r.machine))
     orphans = None
     if recipe is None and not unreadable:
-        named = {e.blob.sha256 for e in entries}
+        named = named_blobs(entries)
         # An entry published since the index was listed names its blob too: list the blobs first, then
         # take out what the index names now.
         blobs: list[Blob] | None = [b for b in store.list_blobs() if b.sha256 not in named]
         if blobs:
             known = {(e.recipe, e.key) for e in entries}
             late, late_unreadable = read_entries(store, [rk for rk in store.list_index() if rk not in known])
-            named |= {e.blob.sha256 for e in late}
+            named |= named_blobs(late)
             blobs = None if late_unreadable else [b for b in blobs if b.sha256 not in named]
         orphans = None if blobs is None else tuple(sorted(blobs, key=lambda b: b.modified))
     return Listing(store.url, tuple(rows), tuple(unreadable), orphans)
@@ -172,31 +256,63 @@ class Removal:
     store: str
     recipe: str
     key: str
-    blob: str | None
-    blob_deleted: bool  # with dry_run: whether it would be
+    blob: str | None  # a single-blob entry's blob; None: a layered entry (see layers), or unreadable
+    blob_deleted: bool  # that blob; with dry_run: whether it would be
     dry_run: bool
+    layers: tuple[tuple[str, str], ...] = ()  # a layered entry's blobs: (component, sha256)
+    deleted_blobs: tuple[str, ...] = ()  # every blob deleted (no other entry names it); with dry_run: would be
+
+    @property
+    def blobs(self) -> tuple[str, ...]:
+        """Every blob the entry named (none known for an unreadable entry)."""
+        return (self.blob,) if self.blob is not None else tuple(sha for _, sha in self.layers)
 
     def to_json(self) -> dict:
-        doc = {"store": self.store, "recipe": self.recipe, "key": self.key, "blob": self.blob, "dry_run": self.dry_run}
+        doc: dict = {
+            "store": self.store,
+            "recipe": self.recipe,
+            "key": self.key,
+            "blob": self.blob,
+            "dry_run": self.dry_run,
+        }
         # A dry run deleted nothing: it says what --yes would do, never that something was deleted.
         doc["would_delete_blob" if self.dry_run else "blob_deleted"] = self.blob_deleted
+        if self.layers:
+            doc["layers"] = [
+                {
+                    "component": c,
+                    "sha256": sha,
+                    "would_delete" if self.dry_run else "deleted": sha in self.deleted_blobs,
+                }
+                for c, sha in self.layers
+            ]
+        doc["blobs"] = list(self.blobs)
+        doc["would_delete_blobs" if self.dry_run else "deleted_blobs"] = list(self.deleted_blobs)
         return doc
 
 
 def rm(url: str, *, yes: bool, **store_options) -> Removal:
-    """Delete one index entry (readable or not) and its blob when no other entry names it; the
-    store keeps an audit record of who removed what."""
+    """Delete one index entry (readable or not) and each blob it names that no other entry names
+    (a layer another entry shares stays); the store keeps an audit record of who removed what."""
     store, recipe, key = resolve(url, **store_options)
     raw = store.get_index(recipe, key)
     if raw is None:
         raise StoreError(f"no artifact {recipe}/{key} in {store.url}: see warmer ls --store {store.url}")
     try:
-        blob = IndexEntry.read(raw, recipe, key).blob.sha256
+        entry: IndexEntry | None = IndexEntry.read(raw, recipe, key)
     except UntrustedInput:
-        blob = None  # a broken or planted entry: remove it, keep every blob
+        entry = None  # a broken or planted entry: remove it, keep every blob
+    blob = entry.blob.sha256 if entry is not None and entry.blob is not None else None
+    layers = tuple((x.component, x.sha256) for x in entry.artifact.layers) if entry and entry.layered else ()
     others, unreadable = read_entries(store, [rk for rk in store.list_index() if rk != (recipe, key)])
-    in_use = {e.blob.sha256 for e in others}
-    delete_blob = blob is not None and blob not in in_use and not unreadable
+    in_use = named_blobs(others)
+    # An unreadable entry may name any blob: delete none of them then.
+    doomed = (
+        ()
+        if entry is None or unreadable
+        else tuple(dict.fromkeys(b.sha256 for b in entry.blobs if b.sha256 not in in_use))
+    )
+    removal = Removal(store.url, recipe, key, blob, blob is not None and blob in doomed, not yes, layers, doomed)
     if yes:
         now = datetime.now(UTC)
         record = {
@@ -204,16 +320,18 @@ def rm(url: str, *, yes: bool, **store_options) -> Removal:
             "recipe": recipe,
             "key": key,
             "blob": blob,
-            "blob_deleted": delete_blob,
+            "blob_deleted": removal.blob_deleted,
+            "blobs": list(removal.blobs),
+            "blobs_deleted": list(doomed),
             "by": getpass.getuser(),
             "at": now.isoformat(timespec="seconds"),
             "warmer": __version__,
         }
         store.write_audit(f"{now.strftime('%Y%m%dT%H%M%SZ')}-rm-{recipe}-{key[:16]}", json.dumps(record).encode())
         store.delete_index(recipe, key)
-        if delete_blob and blob is not None:  # delete_blob implies a blob; mypy cannot tell
-            store.delete_blob(blob)
-    return Removal(store.url, recipe, key, blob, delete_blob, not yes)
+        for sha in doomed:
+            store.delete_blob(sha)
+    return removal
 
 
 @dataclass(frozen=True)
@@ -229,12 +347,14 @@ class Collection:
     freed_bytes: int
     orphans_deleted: tuple[Blob, ...] = ()  # blobs no entry named, older than ORPHAN_GRACE (in deleted_blobs)
     orphans_kept: tuple[Blob, ...] = ()  # blobs no entry names, younger: maybe a publish in flight
+    shared_kept: tuple[str, ...] = ()  # blobs of the deleted entries kept: an entry left names them (shared layers)
 
     def to_json(self) -> dict:
         return {
             **vars(self),
             "deleted_entries": [r.to_json() for r in self.deleted_entries],
             "deleted_blobs": list(self.deleted_blobs),
+            "shared_kept": list(self.shared_kept),
             "orphans_deleted": [blob_json(b) for b in self.orphans_deleted],
             "orphans_kept": [blob_json(b) for b in self.orphans_kept],
             "orphan_grace_hours": ORPHAN_GRACE.total_seconds() / 3600,
@@ -267,20 +387,22 @@ def gc(
             e for e in group[keep:] if older_than_days is None or now - e.published_at > timedelta(days=older_than_days)
         ]
     dropped = {(e.recipe, e.key) for e in drop}
+    counts = namings(entries)
     kept = [e for e in entries if (e.recipe, e.key) not in dropped]
 
     if not dry_run:
         for recipe, key in sorted(dropped):
             store.delete_index(recipe, key)
-    referenced = {e.blob.sha256 for e in kept}
-    named_before = {e.blob.sha256 for e in entries}
+    # A blob (a layer shared by many entries included) stays while any entry left names it.
+    referenced = named_blobs(kept)
+    named_before = named_blobs(entries)
     if not dry_run:  # entries published while gc ran keep their blobs too
         known = {(e.recipe, e.key) for e in entries}
         late, late_unreadable = read_entries(store, [rk for rk in store.list_index() if rk not in known])
         if late_unreadable:  # cannot know which blob it needs: delete no blob this round
             referenced |= {b.sha256 for b in store.list_blobs()}
-        referenced |= {e.blob.sha256 for e in late}
-    freed = {e.blob.sha256 for e in drop}
+        referenced |= named_blobs(late)
+    freed = named_blobs(drop)
     unnamed = [b for b in store.list_blobs() if b.sha256 not in referenced]
     orphans = [b for b in unnamed if b.sha256 not in freed and b.sha256 not in named_before]
     blobs = [b for b in unnamed if b.sha256 in freed or now - b.modified > ORPHAN_GRACE]
@@ -293,10 +415,11 @@ def gc(
         older_than_days,
         dry_run,
         len(entries),
-        tuple(Row.of(e) for e in drop),
+        tuple(Row.of(e, counts) for e in drop),
         len(kept),
         tuple(b.sha256 for b in blobs),
         sum(b.size for b in blobs),
         tuple(b for b in orphans if now - b.modified > ORPHAN_GRACE),
         tuple(b for b in orphans if now - b.modified <= ORPHAN_GRACE),
+        tuple(sorted(freed & referenced)),
     )

@@ -363,6 +363,8 @@ def _decide(
             )
         elif kind == RANGED:
             ok, reason = _at_least(b, n, rule.spec)
+        elif kind == HARD and rule.field == ROOT and n is None:
+            ok, reason = True, "not checked: no root given here (the fetch's --root decides)"
         elif kind == HARD:
             ok, reason = b == n, _equal_reason(rule.field, b, n)
         else:
@@ -470,6 +472,13 @@ _FLASHINFER = (
     *_RUNS_ON,
 )
 
+# The path contract: a layer whose files hold absolute paths fits only at the root it was built at.
+ROOT = "paths.cache_root"
+_AT_ROOT = (
+    "its files hold absolute paths under the root it was built at (build.ninja, .ninja_log and .ninja_deps; "
+    "Triton's __grp__ files): restored under another root path, it is rebuilt"
+)
+
 LAYER_RULES: dict[str, LayerRule] = {
     r.component: r
     for r in (
@@ -482,6 +491,7 @@ LAYER_RULES: dict[str, LayerRule] = {
                 "machine",
                 "os",
                 "paths.python_prefix",
+                ROOT,
                 *_RUNS_ON,
             ),
             False,
@@ -492,11 +502,12 @@ LAYER_RULES: dict[str, LayerRule] = {
             "compute capability. Its cuda_utils driver module is a compiled Python extension keyed on "
             "platform_key() (machine, OS) and include dirs in Triton's install, and named with the "
             "interpreter's EXT_SUFFIX (triton/runtime/build.py _compile_so). The GPU's name is in no key: "
-            "H100 SXM, H100 PCIe and H200 share it",
+            "H100 SXM, H100 PCIe and H200 share it. And " + _AT_ROOT,
+            hard=(ROOT,),
         ),
         LayerRule(
             "flashinfer",
-            _FLASHINFER,
+            (*_FLASHINFER, ROOT),
             False,
             "FlashInfer's JIT workspace is <base>/.cache/flashinfer/<__version__>/<arch tag> "
             "(flashinfer/jit/env.py _get_workspace_dir_name), and a module loads only after ninja finds it "
@@ -506,7 +517,8 @@ LAYER_RULES: dict[str, LayerRule] = {
             "sets flags and the sm_12x arch tag, and ninja 1.11 and 1.12+ read each other's logs as stale. "
             "A flashinfer-cubin wheel counts only at FlashInfer's version (jit/env.py _get_cubin_dir, "
             "_check_cubin_version), CuTe-DSL entries only with the same nvidia-cutlass-dsl "
-            "(jit/cute_dsl_core.py). The GPU's name and the recipe are in none of it",
+            "(jit/cute_dsl_core.py). The GPU's name and the recipe are in none of it. And " + _AT_ROOT,
+            hard=(ROOT,),
         ),
         LayerRule(
             "b12x",
@@ -521,6 +533,7 @@ LAYER_RULES: dict[str, LayerRule] = {
                 "paths.cuda_home",
                 "machine",
                 "os",
+                ROOT,
                 *_RUNS_ON,
             ),
             False,
@@ -530,7 +543,8 @@ LAYER_RULES: dict[str, LayerRule] = {
             "_runtime_toolchain_key (the Python version, torch, torch.version.cuda, nvidia-cutlass-dsl), "
             "_device_arch_key (the compute capability and the SM count, which the fingerprint records "
             "through the GPU's name: 132 SMs on H100 SXM, 114 on H100 PCIe) and _compile_environment_key "
-            "(CUDA_HOME). Not the recipe",
+            "(CUDA_HOME). Not the recipe. Its key hashes paths: moving it is untested, so it stays at its root",
+            hard=(ROOT,),
         ),
         LayerRule("inductor", _INDUCTOR, True, _INDUCTOR_WHY),
         LayerRule(
@@ -560,6 +574,27 @@ LAYER_RULES: dict[str, LayerRule] = {
             "device driver is upgraded' (CUDA C++ Programming Guide, Just-in-Time Compilation; the driver "
             "is closed source): another driver version, a newer one too, reuses none of it",
             hard=("gpu.driver",),
+        ),
+        *(
+            LayerRule(name, ("*",), True, f"{why}: every field and the recipe decide, and the root", hard=(ROOT,))
+            for name, why in (
+                (
+                    "cute-dsl",
+                    "the CuTe DSL's file cache is keyed by module hashes over sources and paths "
+                    "(nvidia_cutlass_dsl base_dsl/cache_helpers.py, flashinfer/jit/cute_dsl_core.py meta.json's "
+                    "source_sha256 over absolute paths); moving it is untested",
+                ),
+                (
+                    "cute-experimental-dsl",
+                    "the experimental CuTe DSL's cache is keyed as CUTE_DSL_CACHE_DIR's "
+                    "(cutlass_dsl/cutlass.py CuteExperimentalDSL, base_dsl/cache_helpers.py); moving it is untested",
+                ),
+                (
+                    "torch-extensions",
+                    "torch.utils.cpp_extension.load writes build.ninja with absolute source and include paths "
+                    "(torch/utils/cpp_extension.py _write_ninja_file_and_build_library)",
+                ),
+            )
         ),
     )
 }

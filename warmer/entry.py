@@ -1,8 +1,14 @@
-"""A store's index entry: which blob holds an artifact, its artifact.json, its signature.
+"""A store's index entry: which blobs hold an artifact, its artifact.json, its signature.
 
     {"schema": 1, "recipe": NAME, "key": KEY, "blob": {"sha256", "size"},
      "artifact": artifact.json, "signature": null | {"alg", "key_id", "signature"},
      "published_at": ISO 8601}
+
+Schema 2 (a layered entry, `publish --layers`) has no "blob": its blobs are artifact.json's
+layers, one per cache component, each stored once whatever number of entries name it. Its
+layers' digests are in artifact.json, so the signature covers them. A warmer that reads only
+schema 1 says the entry is another version's (a cold start, not a wrong one): upgrade the
+nodes before the builders publish layers.
 
 An entry comes from a store anyone with write access to it may have changed, so read() is the
 boundary: it caps the size and depth, checks the signature over artifact.json before anything
@@ -25,6 +31,7 @@ from warmer.names import HEX64, MAX_INDEX_BYTES
 from warmer.untrusted import Fields, InvalidDocument
 
 SCHEMA_VERSION = 1
+LAYERED_SCHEMA = 2
 
 
 class EntryError(InvalidDocument):
@@ -45,24 +52,41 @@ class BlobRef:
 class IndexEntry:
     recipe: str
     key: str
-    blob: BlobRef
+    blob: BlobRef | None  # None: a layered entry (schema 2), whose blobs are artifact.layers
     artifact: Artifact
     signature: signing.Signature | None
     published_at: datetime  # timezone-aware
     signed_by: str | None = None  # the trusted key that verified it, when read() was given keys
 
+    @property
+    def blobs(self) -> tuple[BlobRef, ...]:
+        """Every blob the entry names: its one blob, or its layers."""
+        if self.blob is not None:
+            return (self.blob,)
+        return tuple(BlobRef(layer.sha256, layer.size) for layer in self.artifact.layers)
+
+    @property
+    def layered(self) -> bool:
+        return self.blob is None
+
     @classmethod
-    def new(cls, artifact: Artifact, blob: BlobRef, signature: signing.Signature | None) -> IndexEntry:
+    def new(cls, artifact: Artifact, blob: BlobRef | None, signature: signing.Signature | None) -> IndexEntry:
+        """blob None: a layered entry (artifact must have layers)."""
+        if blob is None and not artifact.layers:
+            raise EntryError("a layered entry needs an artifact packed in layers (by this warmer's pack)")
         return cls(
             artifact.recipe.name, artifact.key, blob, artifact, signature, datetime.now(UTC).replace(microsecond=0)
         )
 
     def to_bytes(self) -> bytes:
-        doc = {
-            "schema": SCHEMA_VERSION,
+        doc: dict[str, object] = {
+            "schema": LAYERED_SCHEMA if self.blob is None else SCHEMA_VERSION,
             "recipe": self.recipe,
             "key": self.key,
-            "blob": {"sha256": self.blob.sha256, "size": self.blob.size},
+        }
+        if self.blob is not None:
+            doc["blob"] = {"sha256": self.blob.sha256, "size": self.blob.size}
+        doc |= {
             "artifact": None,
             "signature": self.signature.to_json() if self.signature else None,
             "published_at": self.published_at.isoformat(timespec="seconds"),
@@ -80,10 +104,10 @@ class IndexEntry:
         doc, files = artifact.load(data, where, MAX_INDEX_BYTES, inside=("artifact",))
         f = Fields(doc, where)
         schema = f.integer("schema") if f.has("schema") else None
-        if schema != SCHEMA_VERSION:
+        if schema not in (SCHEMA_VERSION, LAYERED_SCHEMA):
             raise EntrySchemaError(
-                f"{where} has schema {schema}, this warmer reads {SCHEMA_VERSION}: it was published by "
-                "another warmer version; fetch with that version or rebuild with this one"
+                f"{where} has schema {schema}, this warmer reads {SCHEMA_VERSION} and {LAYERED_SCHEMA}: it was "
+                "published by another warmer version; fetch with that version or rebuild with this one"
             )
         art_doc = f.obj("artifact").doc
         signature = signing.Signature.from_json(f.raw("signature"), f"{where}.signature")
@@ -103,14 +127,21 @@ class IndexEntry:
                 f"{recipe} {key[:16]}: an entry copied into another slot; refused (remove it with "
                 "`warmer rm`)"
             )
-        b = f.obj("blob")
-        sha = b.text("sha256", max_len=64)
-        if not HEX64.match(sha):
-            raise EntryError(f"{where}.blob.sha256 must be 64 lower-case hex digits")
+        blob = None
+        if schema == SCHEMA_VERSION:
+            b = f.obj("blob")
+            sha = b.text("sha256", max_len=64)
+            if not HEX64.match(sha):
+                raise EntryError(f"{where}.blob.sha256 must be 64 lower-case hex digits")
+            blob = BlobRef(sha, b.integer("size", low=0))
+        elif not art.layers or f.has("blob"):
+            raise EntryError(
+                f"{where} is layered (schema {LAYERED_SCHEMA}) but its artifact lists no layers, or it names a blob"
+            )
         return cls(
             recipe,
             key,
-            BlobRef(sha, b.integer("size", low=0)),
+            blob,
             art,
             signature,
             _timestamp(f.text("published_at", max_len=64), f"{where}.published_at"),

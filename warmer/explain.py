@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from warmer import compat
-from warmer.artifact import Artifact
+from warmer.artifact import Artifact, Layer
 from warmer.compat import Decision
 from warmer.entry import BlobRef, IndexEntry
 from warmer.errors import UntrustedInput
@@ -87,10 +87,18 @@ class Candidate:
     failed_ranged: tuple[str, ...]
     advisory_differences: tuple[str, ...]
     published_at: datetime
-    blob: BlobRef
+    blob: BlobRef | None  # None: a layered entry, whose blobs are stored_layers
     built_on: str
     decisions: tuple[Decision, ...]
     layers: tuple[LayerFit, ...] = ()  # one per component the artifact holds files of
+    stored_layers: tuple[Layer, ...] = ()  # a layered entry's blobs, one per component
+
+    @property
+    def blobs(self) -> tuple[BlobRef, ...]:
+        """Every blob the entry names: its one blob, or its layers."""
+        if self.blob is not None:
+            return (self.blob,)
+        return tuple(BlobRef(x.sha256, x.size) for x in self.stored_layers)
 
     @property
     def partial(self) -> tuple[str, ...]:
@@ -107,19 +115,24 @@ class Candidate:
         return [d.line() for d in self.decisions if not d.ok]
 
     def to_json(self) -> dict:
-        return {
+        doc = {
             "key": self.key,
             "exact": self.exact,
             "accepted": self.accepted,
             "failed": {"hard": list(self.failed_hard), "ranged": list(self.failed_ranged)},
             "advisory_differences": list(self.advisory_differences),
             "published_at": self.published_at.isoformat(),
-            "blob": vars(self.blob).copy(),
+            "blob": vars(self.blob).copy() if self.blob is not None else None,  # None: layered, see stored_layers
             "built_on": self.built_on,
             "decisions": [d.to_json() for d in self.decisions],
             "layers": [layer.to_json() for layer in self.layers],
             "partial": list(self.partial),
         }
+        if self.blob is None:
+            doc["stored_layers"] = [
+                {"component": x.component, "sha256": x.sha256, "size": x.size} for x in self.stored_layers
+            ]
+        return doc
 
 
 @dataclass(frozen=True)
@@ -185,6 +198,7 @@ def candidate(entry: IndexEntry, recipe: Recipe, node: Fingerprint, node_key: st
         built_on=art.fingerprint.describe(),
         decisions=tuple(decided),
         layers=layer_fits(art, recipe.identity(), node),
+        stored_layers=art.layers if entry.layered else (),
     )
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from warmer import compat, explain, fingerprint, restore, serving, signing
+from warmer.artifact import Layer
 from warmer.compat import Decision
 from warmer.deadline import Deadline
 from warmer.entry import EntrySchemaError, IndexEntry
@@ -251,7 +252,7 @@ def fetch(
     signing.check_public_keys(trusted_keys)
     store = _open(store_url, deadline, store_options or {})
     check = _RecipeCheck(recipe)
-    node = check.around(lambda: _node(recipe, gpus))
+    node = check.around(lambda: _node(recipe, gpus, root))
     try:
         choice = choose(store, recipe, node, trusted_keys=tuple(trusted_keys), deadline=deadline)
     except (KeyboardInterrupt, SystemExit, Terminated, UsageError):
@@ -263,9 +264,14 @@ def fetch(
     entry = choice.entry if choice.status is None else None
     art = entry.artifact if entry else None
 
+    blob = entry.blob if entry else None
+
     def open_blob() -> BlobStream:
-        assert entry is not None  # activate opens only what it was offered
-        return check.during(store.stream_blob(entry.blob.sha256, entry.blob.size))
+        assert blob is not None  # activate opens only what it was offered
+        return check.during(store.stream_blob(blob.sha256, blob.size))
+
+    def open_layer(layer: Layer) -> BlobStream:
+        return check.during(store.stream_blob(layer.sha256, layer.size))
 
     activation = restore.activate(
         root,
@@ -274,7 +280,7 @@ def fetch(
         recipe=recipe.name,
         owner=owner,
         ready=check,
-        archive_sha256=entry.blob.sha256 if entry else None,
+        archive_sha256=blob.sha256 if blob else None,
         max_bytes=max_bytes,
         trusted_keys=tuple(trusted_keys),
         signature=entry.signature if entry else None,
@@ -283,6 +289,7 @@ def fetch(
         deadline=deadline,
         refuse_rollback=bool(trusted_keys),  # only signed artifacts can be rolled back
         components=choice.components,
+        open_layer=open_layer if entry and entry.layered else None,
     )
     warnings = [*check.notes, *choice.warnings, *activation.warnings]
     if not activation.active:
@@ -324,10 +331,11 @@ def fetch(
     )
 
 
-def _node(recipe: Recipe, gpus: Gpus | None) -> Fingerprint:
-    """This node as choose sees it: the root is no part of what fits (the path contract is the
-    outlook's); a saved fingerprint's GPUs stand in for this machine's."""
-    node = fingerprint.probe(model=recipe.model)
+def _node(recipe: Recipe, gpus: Gpus | None, root: Path) -> Fingerprint:
+    """This node as choose sees it: the root is advisory for a whole artifact (the outlook says
+    what rebuilds) and decides the layers whose files hold absolute paths (compat.ROOT); a saved
+    fingerprint's GPUs stand in for this machine's."""
+    node = fingerprint.probe(root=root, model=recipe.model)
     return node.with_gpus(gpus) if gpus is not None else node
 
 

@@ -156,7 +156,7 @@ def metrics(outcomes: list[Outcome]) -> str:
         label = o.recipe.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
         marker = restore.active(Path(o.root)) if o.result is not None else None
         lines.append(f'warmer_fetch_seconds{{recipe="{label}"}} {o.seconds:.3f}')
-        lines.append(f'warmer_artifact_bytes{{recipe="{label}"}} {marker.artifact.total_bytes if marker else 0}')
+        lines.append(f'warmer_artifact_bytes{{recipe="{label}"}} {marker.bytes_held if marker else 0}')
         lines += [f'warmer_fetch_status{{recipe="{label}",status="{s}"}} {int(o.status == s)}' for s in statuses]
     return "\n".join(lines) + "\n"
 
@@ -193,9 +193,18 @@ def local_roots(root_base: Path) -> list[LocalRoot]:
         if marker is None:
             out.append(LocalRoot(d.name, str(d), None, 0, None, None))
             continue
-        art = marker.artifact
-        bad = [x.line() for x in compat.decisions(art.fingerprint, node, art.recipe.identity) if not x.ok]
+        art, identity = marker.artifact, marker.artifact.recipe.identity
+        decided = (
+            compat.decisions(art.fingerprint, node, identity)
+            if marker.components is None  # a partial hit: the fit of the layers it holds
+            else [
+                x
+                for c in marker.components
+                for x in compat.layer_decisions(c, art.fingerprint, node, identity, identity)
+            ]
+        )
+        bad = list(dict.fromkeys(x.line() for x in decided if not x.ok))
         out.append(
-            LocalRoot(art.recipe.name, str(d), art.key, art.total_bytes, marker.restored_at, not bad, tuple(bad))
+            LocalRoot(art.recipe.name, str(d), art.key, marker.bytes_held, marker.restored_at, not bad, tuple(bad))
         )
     return out

@@ -17,6 +17,8 @@ import ctypes
 import dataclasses
 import errno
 import fcntl
+import hashlib
+import io
 import json
 import logging
 import os
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from warmer import archive, components, signing
-from warmer.artifact import Artifact, ArtifactError
+from warmer.artifact import Artifact, ArtifactError, Layer
 from warmer.deadline import Deadline, DeadlineExceeded
 from warmer.errors import Terminated, UsageError, WarmerError
 from warmer.store import BlobCorrupt, BlobStream, StoreError
@@ -81,6 +83,16 @@ class Marker:
     def holds(self, rel: str) -> bool:
         """Whether the root holds rel of the artifact (a partial hit holds its components' files)."""
         return self.components is None or _in_components(rel, self.components)
+
+    def holds_component(self, name: str) -> bool:
+        return self.components is None or name in self.components
+
+    @property
+    def bytes_held(self) -> int:
+        """The bytes of the artifact's files the root holds (a partial hit's components' alone)."""
+        if self.components is None:
+            return self.artifact.total_bytes
+        return sum(size for path, size in self.artifact.files.sizes() if self.holds(path))
 
     def to_bytes(self) -> bytes:
         return b"".join(self.pieces())
@@ -491,10 +503,11 @@ class RestoreResult:
     seconds: float
     files: int | None = None
     bytes: int | None = None
-    archive_bytes: int | None = None
+    archive_bytes: int | None = None  # what was read from the store (0 for a layer found on the node)
+    reused: tuple[str, ...] | None = None  # layers taken from another root of this node, not downloaded
 
     def to_json(self) -> dict:
-        return {k: v for k, v in vars(self).items() if v is not None}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items() if v is not None}
 
 
 def restore(
@@ -513,6 +526,7 @@ def restore(
     deadline: Deadline | None = None,
     refuse_rollback: bool = False,
     components: tuple[str, ...] | None = None,
+    open_layer: LayerOpener | None = None,
 ) -> RestoreResult:
     """Activate art in root; a no-op when it is already active and intact.
 
@@ -524,6 +538,8 @@ def restore(
     refuse_rollback: raise Rollback when art is older than the intact signed artifact active for the
     same key (decided under the lock, from the one read of the marker). components: a partial hit,
     only these components' files are activated (every file is still checked on the way).
+    open_layer: a layered artifact's store: each layer activated is read on its own (only those of
+    components), or taken from another root of this node that holds it (no download).
     """
     root = check_root(root)
     check_owner(owner)
@@ -563,12 +579,16 @@ def restore(
                 staging.mkdir()
                 bar = Progress(f"restore {art.key[:12]}", art.total_bytes) if progress else None
                 try:
-                    got = _extract(art, open_archive, staging, archive_sha256, max_bytes, bar)
+                    reused: tuple[str, ...] = ()
+                    if open_layer is not None and art.layers:
+                        got, reused = _extract_layers(art, open_layer, root, staging, components, max_bytes, bar)
+                    else:
+                        got = _extract(art, open_archive, staging, archive_sha256, max_bytes, bar)
+                        if components is not None:
+                            got = _keep_only(art, components, staging, got)
                 finally:
                     if bar:
                         bar.close()
-                if components is not None:
-                    got = _keep_only(art, components, staging, got)
                 done = Marker(
                     art, got.archive_sha256, datetime.now(UTC).isoformat(timespec="seconds"), signature, components
                 )
@@ -588,7 +608,14 @@ def restore(
     except OSError as e:
         raise _os_error(e, root) from e
     return RestoreResult(
-        "restored", str(root), art.key, round(time.perf_counter() - t0, 3), got.files, got.bytes, got.archive_bytes
+        "restored",
+        str(root),
+        art.key,
+        round(time.perf_counter() - t0, 3),
+        got.files,
+        got.bytes,
+        got.archive_bytes,
+        reused or None,
     )
 
 
@@ -688,7 +715,13 @@ def cold_root(recipe: str, uid: int) -> Path:
 
 
 def _extract(
-    art: Artifact, open_archive, staging: Path, archive_sha256: str | None, max_bytes: int, bar=None
+    art: Artifact,
+    open_archive,
+    staging: Path,
+    archive_sha256: str | None,
+    max_bytes: int,
+    bar=None,
+    files: archive.FileList | None = None,
 ) -> archive.Extracted:
     """Unpack and check into staging, then add what the root needs besides the files.
 
@@ -700,27 +733,32 @@ def _extract(
     while True:
         attempt += 1
         with open_archive() as stream:
-            streamed = isinstance(stream, BlobStream)
+            blob = getattr(stream, "blob", stream)  # a layer comes framed (_Framed)
+            streamed = isinstance(blob, BlobStream)
             try:
                 got = archive.extract(
-                    stream, staging, lambda manifest: _files_of(art, manifest), max_bytes, on_file=bar
+                    stream,
+                    staging,
+                    (lambda manifest: files) if files is not None else (lambda manifest: _files_of(art, manifest)),
+                    max_bytes,
+                    on_file=bar,
                 )
                 break
             except BlobCorrupt:
-                if not streamed or not stream.checked:
+                if not streamed or not blob.checked:
                     raise
             except (archive.ArchiveError, ArtifactError):
                 # Finish the download (hashing only) to learn whether these were the blob's bytes;
                 # bounded: a blob larger than what it may unpack to is refused without it.
                 if (
                     not streamed
-                    or stream.attempts == 1
-                    or stream.size > max_bytes + (max_bytes >> 6) + (64 << 20)
-                    or stream.drain()
+                    or blob.attempts == 1
+                    or blob.size > max_bytes + (max_bytes >> 6) + (64 << 20)
+                    or blob.drain()
                 ):
                     raise
-            if attempt >= stream.attempts:
-                raise stream.refused(attempt)
+            if attempt >= blob.attempts:
+                raise blob.refused(attempt)
         shutil.rmtree(staging)  # damaged on the way: start again in an empty staging dir
         staging.mkdir()
         if bar:
@@ -732,6 +770,127 @@ def _extract(
     for c in components.ALL:  # e.g. TMPDIR must exist, or it is silently replaced by /tmp
         (staging / c.subdir).mkdir(exist_ok=True)
     return got
+
+
+# Opens one layer's blob (a store's BlobStream, hashed to the layer's sha256 as it is read).
+LayerOpener = Callable[[Layer], BlobStream]
+_LAYER_HEAD = archive.manifest_frame(b"{}")  # a layer is extracted as an archive: a head, the layer, the end
+
+
+class _Framed:
+    """A layer's blob read as a whole archive: a manifest frame before it (its files are the signed
+    artifact.json's, given to extract directly) and the end-of-archive frame after it."""
+
+    hashes_itself = False
+
+    def __init__(self, blob: BlobStream):
+        self.blob = blob
+        self._parts: list[Any] = [io.BytesIO(_LAYER_HEAD), blob, io.BytesIO(archive.END_FRAME)]
+
+    def read(self, n: int = -1) -> bytes:
+        while self._parts:
+            data = self._parts[0].read(n)
+            if data:
+                return data
+            self._parts.pop(0)
+        return b""
+
+    def __enter__(self) -> _Framed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.blob.close()
+
+
+def _extract_layers(
+    art: Artifact,
+    open_layer: LayerOpener,
+    root: Path,
+    staging: Path,
+    names: tuple[str, ...] | None,
+    max_bytes: int,
+    bar=None,
+) -> tuple[archive.Extracted, tuple[str, ...]]:
+    """The layers of art (those of names, or all) into staging, each from another root of this node
+    that holds it intact, or else read from the store on its own."""
+    by_component: dict[str, list[archive.FileEntry]] = {}
+    for e in art.files:
+        owner = components.of_path(e.path)
+        by_component.setdefault(owner.name if owner else "", []).append(e)
+    chosen = [layer for layer in art.layers if names is None or layer.component in names]
+    total = sum(e.size for layer in chosen for e in by_component.get(layer.component, []))
+    if total > max_bytes:  # each layer's extraction is capped too; this is the cap on them together
+        raise archive.ArchiveError(
+            f"the artifact unpacks to {total} bytes, over the limit of {max_bytes}; raise --max-bytes if this is expected"
+        )
+    files = nbytes = downloaded = 0
+    reused = []
+    others = _other_roots(root)
+    for layer in chosen:
+        entries = by_component.get(layer.component, [])
+        if _from_node(others, layer, entries, staging):
+            reused.append(layer.component)
+        else:
+            part = archive.FileList.of(entries)
+            _extract(art, lambda layer=layer: _Framed(open_layer(layer)), staging, None, max_bytes, bar, files=part)
+            downloaded += layer.size
+        files, nbytes = files + len(entries), nbytes + sum(e.size for e in entries)
+    for c in components.ALL:
+        (staging / c.subdir).mkdir(exist_ok=True)
+    return archive.Extracted(files, nbytes, "layers", downloaded), tuple(reused)
+
+
+def _other_roots(root: Path) -> list[tuple[Path, Marker]]:
+    """The roots beside root (a root base: one root per recipe) with an active artifact, each marker read once."""
+    try:
+        siblings = sorted(p for p in root.parent.iterdir() if p != root and not p.name.startswith("."))
+    except OSError:
+        return []
+    return [(p, m) for p in siblings if (m := active(p)) is not None]
+
+
+def _from_node(
+    others: list[tuple[Path, Marker]], layer: Layer, entries: list[archive.FileEntry], staging: Path
+) -> bool:
+    """Copy layer's files from another root of this node whose active artifact holds the same layer
+    (the same sha256), each checked against entries (this artifact's signed list) as it is copied:
+    a sibling root is shared with every pod of the node, so nothing in it is trusted. False, and
+    nothing left in staging, when no root has it intact."""
+    for other, marker in others:
+        held = marker.artifact.layer(layer.component)
+        if held is None or held.sha256 != layer.sha256 or not marker.holds_component(layer.component):
+            continue
+        done: list[Path] = []
+        try:
+            for e in entries:
+                done.append(_copy_checked(other / e.path, staging / e.path, e))
+            return True
+        except (OSError, archive.ArchiveError) as why:
+            log.info("layer %s not taken from %s: %s", layer.component, other, why)
+            for path in done:
+                path.unlink(missing_ok=True)
+    return False
+
+
+def _copy_checked(src: Path, dst: Path, e: archive.FileEntry) -> Path:
+    """src copied to dst (a regular file, not through a link), hashed on the way: ArchiveError unless
+    it is e (size and sha256); dst gets e's mode and mtime, as extraction gives them."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with open(fd, "rb") as f, open(dst, "xb") as out:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise archive.ArchiveError(f"{src} is not a regular file")
+        h, n = hashlib.sha256(), 0
+        while chunk := f.read(archive.CHUNK):
+            h.update(chunk)
+            out.write(chunk)
+            n += len(chunk)
+    if n != e.size or h.hexdigest() != e.sha256:
+        dst.unlink()
+        raise archive.ArchiveError(f"{src} is not the file artifact.json lists")
+    os.chmod(dst, e.mode)
+    os.utime(dst, ns=(e.mtime_ns, e.mtime_ns))
+    return dst
 
 
 def _keep_only(art: Artifact, names: tuple[str, ...], staging: Path, got: archive.Extracted) -> archive.Extracted:

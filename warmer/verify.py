@@ -3,7 +3,10 @@
 A full hit means: no cache file appeared or changed under the root (file delta), nothing was
 written outside it (the HOME sandbox: a cache no component covers), and vLLM's log shows no
 recompile, no FlashInfer JIT build and no cubin download. Timings against the cold build are
-reported beside it.
+reported beside it. On a root that a partial hit assembled (some components restored), the hit is
+of those: none of their files appeared or changed, nothing went outside the root, and ninja finds
+FlashInfer's restored modules clean; the other components compile, as the fetch said they would
+(the log's recompiles are vLLM's whole start, and are not held against it).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmer import components, progress, serving, warmup
+from warmer import components, progress, restore, serving, warmup
 from warmer.components import flashinfer
 from warmer.recipe import Recipe
 
@@ -82,6 +85,7 @@ class VerifyResult:
     restored: dict = field(hash=False)
     cold: dict = field(hash=False)
     log: str = ""
+    components: tuple[str, ...] | None = None  # a partial root's restored components (judged alone)
 
     @property
     def speedup(self) -> dict:
@@ -99,6 +103,7 @@ class VerifyResult:
             "cold": self.cold,
             "speedup": self.speedup,
             "log": self.log,
+            "components": list(self.components) if self.components is not None else None,
         }
 
 
@@ -114,6 +119,8 @@ def verify(
     """Run the engine on root once more and judge the hit; cold: the build's timings, if known.
     said_as: what the progress lines call this (build says "build: verify")."""
     warmup.require_model(recipe)
+    marker = restore.active(root)
+    held = marker.components if marker else None
     before = snapshot(root)  # ninja's dry run (-n) below writes nothing
     env = serving.environ_for_vllm(recipe, root)
     # Before the engine starts: afterwards ninja would have rebuilt what it found dirty.
@@ -127,7 +134,10 @@ def verify(
     outside = tuple(u for u in run.uncovered if u["where"] == "home")
     events = run.log["events"]
     recompiles = {e: events[e] for e in warmup.RECOMPILE_EVENTS if events.get(e)}
-    hit = files.recompiled == 0 and not outside and not recompiles and ninja["clean"] is not False
+    if held is None:
+        hit = files.recompiled == 0 and not outside and not recompiles and ninja["clean"] is not False
+    else:  # a partial root: its restored layers must compile nothing; the rest compiles, as said
+        hit = not set(files.by_component) & set(held) and not outside and ninja["clean"] is not False
     return VerifyResult(
         "hit" if hit else "partial",
         files,
@@ -138,4 +148,5 @@ def verify(
         warmup.timings(run),
         cold or {},
         str(run.log_path),
+        held,
     )

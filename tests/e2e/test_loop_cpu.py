@@ -333,3 +333,30 @@ def test_aot_off_when_vllm_cannot_reload_and_a_predicted_recompile_is_a_real_one
 
     without = served(recipe, root, env_file, tiny_model, tmp_path, label="serve-same")
     assert without["new_kernels"] == [] and len(without["aot_dirs"]) == 2  # its own folder, its kernels found
+
+
+@requires_vllm
+def test_verify_on_a_partial_root_judges_the_layers_it_holds(tmp_path, tiny_model, tiny_build):
+    """A partial hit's root (Inductor's layers restored, vLLM's not: what a CPU node with another
+    vLLM-only field gets): verify's second start must compile nothing of what was restored, while
+    vLLM's own cache is written afresh; with one restored kernel removed, it is not a hit."""
+    path = Path(tiny_build["built"]["artifact"])
+    art = restore.read_artifact_file(path)
+    held = ("inductor", "inductor-headers")
+    root = tmp_path / "partial" / "tiny-llama-cpu"
+    restore.restore(art, lambda: open(path, "rb"), root, components=held)
+    assert restore.active(root).components == held and not any((root / "vllm").iterdir())
+
+    out = warmer("verify", TINY, "--root", root, "--workdir", tmp_path / "work", "--json", model=tiny_model,
+                 check=False)
+    checked = json.loads(out.stdout)
+    assert out.returncode == 0 and checked["verdict"] == "hit", checked
+    assert checked["components"] == list(held)
+    assert not set(checked["files"]["by_component"]) & set(held), checked["files"]
+    assert checked["files"]["by_component"].get("vllm"), checked["files"]  # compiled there, as said
+
+    kernel = next(p for p in (root / "inductor").rglob("*.so"))  # a restored kernel lost: Inductor compiles it
+    kernel.unlink()
+    broken = warmer("verify", TINY, "--root", root, "--workdir", tmp_path / "work2", "--json", model=tiny_model,
+                    check=False)
+    assert broken.returncode != 0 and json.loads(broken.stdout)["verdict"] == "partial"

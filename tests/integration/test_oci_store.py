@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import urllib.error
@@ -622,3 +623,79 @@ def test_the_k8s_oci_variant_fetches_with_the_image_pull_secret(oci_htpasswd_reg
     assert json.loads(out.stdout)["status"] == "hit"
     env_file = Path(argv[argv.index("--env-file") + 1])
     assert "VLLM_CACHE_ROOT" in env_file.read_text()
+
+
+# -- layered artifacts: a manifest whose layers are the artifact's, each stored once ----------------
+
+def test_a_layered_artifact_is_a_manifest_of_its_layers_and_shared_layers_outlive_an_rm(oci_registry, oci_env,
+                                                                                        artifact, tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from warmer import catalog
+    from warmer.entry import IndexEntry
+
+    repo = oci_registry.repo()
+    url = oci_registry.url(repo)
+    store = open_store(url)
+    art_a = restore.read_artifact_file(artifact["artifact"])
+    first = build.publish(store, artifact["artifact"], layers=True)
+    assert first.status == "published" and all(first.layers.values())
+
+    # Read back as a node does: a schema 2 entry, no blob, its layers the artifact's.
+    raw = store.get_index("tiny", art_a.key)
+    assert "blob" not in json.loads(raw) and json.loads(raw)["schema"] == 2
+    entry = IndexEntry.read(raw, "tiny", art_a.key)
+    assert entry.layered and [(b.sha256, b.size) for b in entry.blobs] == [(x.sha256, x.size) for x in art_a.layers]
+    base = f"http://{oci_registry.host}/v2/{repo}"
+    tag = index_tag("tiny", art_a.key)
+    status, _, body = http("GET", f"{base}/manifests/{tag}", {"Accept": MANIFEST_TYPE})
+    assert status == 200
+    manifest = json.loads(body)
+    assert [(x["mediaType"], x["digest"], x["size"], x["annotations"]["org.opencontainers.image.title"])
+            for x in manifest["layers"]] == [(LAYER_TYPE, f"sha256:{x.sha256}", x.size, f"{tag}-{x.component}.tar.zst")
+                                             for x in art_a.layers]
+    for x in art_a.layers:  # each layer is a blob of its own: its frame of the file, byte for byte
+        status, _, data = http("GET", f"{base}/blobs/sha256:{x.sha256}")
+        assert status == 200 and hashlib.sha256(data).hexdigest() == x.sha256
+    node = tmp_path / "node-root"
+    got = fetch.fetch(tiny_recipe(), store, node)
+    assert got.status == "hit", got.warnings
+    for rel, content in artifact["files"].items():
+        assert (node / rel).read_bytes() == content
+
+    # A second artifact of the recipe (another key) whose vllm/ differs: only that layer goes up.
+    src_b = tmp_path / "src-b"
+    shutil.copytree(artifact["root"], src_b)
+    (src_b / "vllm/modelinfos/vllm-model_executor-models-llama-LlamaForCausalLM.json").write_bytes(b'{"b": 1}')
+    path_b = tmp_path / "b.tar.zst"
+    art_b = build.pack_root(src_b, tiny_recipe(max_model_len=256), path_b, fp=art_a.fingerprint)
+    second = build.publish(store, path_b, layers=True)
+    assert second.layers == {c: c == "vllm" for c in art_b.components}
+    shared = {x.sha256 for x in art_a.layers} & {x.sha256 for x in art_b.layers}
+    assert shared == {x.sha256 for x in art_b.layers if x.component != "vllm"} and shared
+    listed = cli_json("ls", "--store", url)
+    assert listed[-1]["stored_bytes"] < listed[-1]["unshared_bytes"]
+    assert listed[-1]["shared_blobs"] == len(shared)
+
+    # A layer missing from the registry: the manifest is refused before it goes up.
+    orphan_entry = json.loads(IndexEntry.new(art_b, None, None).to_bytes())
+    orphan_entry["artifact"]["layers"][0]["sha256"] = "0" * 64
+    with pytest.raises(StoreError, match="is not in .*upload it before its index entry"):
+        store.put_index("tiny", "e" * 64, json.dumps({**orphan_entry, "key": "e" * 64}).encode())
+
+    # rm of the second: its own vllm layer goes, the layers the first still names stay.
+    removed = cli_json("rm", f"{url}/index/tiny/{art_b.key}", "--yes")
+    assert removed["deleted_blobs"] == [art_b.layer("vllm").sha256]
+    assert http("HEAD", f"{base}/blobs/sha256:{art_b.layer('vllm').sha256}")[0] == 404
+    for sha in shared | {x.sha256 for x in art_a.layers}:
+        assert http("HEAD", f"{base}/blobs/sha256:{sha}")[0] == 200
+    assert fetch.fetch(tiny_recipe(), store, tmp_path / "again").status == "hit"
+
+    # Deleting the manifest releases every layer, which gc unlinks once no entry names it (outside
+    # gc's own deletions, after the grace that spares a publish in flight).
+    store.delete_index("tiny", art_a.key)
+    assert {b.sha256 for b in store.list_blobs()} == {x.sha256 for x in art_a.layers}
+    later = datetime.now(timezone.utc) + catalog.ORPHAN_GRACE + timedelta(minutes=5)
+    assert set(catalog.gc(store, 1, now=later).deleted_blobs) == {x.sha256 for x in art_a.layers}
+    for x in art_a.layers:
+        assert http("HEAD", f"{base}/blobs/sha256:{x.sha256}")[0] == 404

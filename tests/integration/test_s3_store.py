@@ -238,3 +238,26 @@ def test_an_unreachable_store_is_a_slow_start_not_a_failed_pod(tmp_path, aws_env
     assert f"cannot reach the S3 endpoint http://127.0.0.1:{port}" in slow.stderr
     assert "export VLLM_CACHE_ROOT=" in slow.stdout
     assert run_warmer(*args, "--require").returncode == 3
+
+
+def test_a_layered_artifact_through_s3_uploads_each_layer_once(packed, s3_url, bucket, proxy, tmp_path):
+    """publish --layers: a blob per cache component, each uploaded once; a second root of the node
+    takes every layer from the first, with no GET of any blob."""
+    up = S3Store(s3_url, endpoint_url=proxy.url, part_size=5 * MiB)
+    art = packed["doc"]
+    published = build.publish(up, packed["artifact"], layers=True)
+    assert published.status == "published" and set(published.layers) == set(art.components)
+    for layer in art.layers:  # each layer is an object of its own, named by its digest
+        assert hashlib.sha256(_object(bucket, "fleet/caches/" + blob_path(layer.sha256))).hexdigest() == layer.sha256
+
+    proxy.clear()
+    base = tmp_path / "cache"
+    got = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url), base / "one")
+    assert got.status == "hit", got.warnings
+    assert got.restore.archive_bytes == sum(layer.size for layer in art.layers)
+    for rel, content in packed["files"].items():
+        assert (base / "one" / rel).read_bytes() == content
+    proxy.clear()
+    again = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url), base / "two")
+    assert again.status == "hit" and again.restore.archive_bytes == 0
+    assert not [r for r in proxy.requests if r.method == "GET" and r.is_blob]

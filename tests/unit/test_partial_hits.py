@@ -5,6 +5,7 @@ fixtures (tests/fixtures/gpus), the rest of the fingerprint from this machine: t
 the restore and the CLI are the real ones."""
 
 import json
+import shutil
 
 import pytest
 
@@ -27,8 +28,10 @@ def _gpus(sku: str):
 
 @pytest.fixture
 def sxm_store(tmp_path):
-    """One artifact of the tiny recipe, built on an H100 SXM node (this machine's software), published."""
-    root = tmp_path / "build-root"
+    """One artifact of the tiny recipe, built on an H100 SXM node (this machine's software) at the
+    root nodes serve it from (tmp_path/root, as CI builds /cache/RECIPE), published; the root is gone
+    again, as on a fresh node."""
+    root = tmp_path / "root"
     files = make_cache_tree(root)
     for rel, data in SHARED.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -38,12 +41,13 @@ def sxm_store(tmp_path):
     build.pack_root(root, tiny_recipe(), art, fp=built)
     store = open_store(f"file://{tmp_path / 'store'}")
     build.publish(store, art)
+    shutil.rmtree(root)
     return store, {**files, **SHARED}
 
 
 def test_an_h100_pcie_node_gets_flashinfer_and_triton_from_an_h100_sxm_build_not_inductor(sxm_store, tmp_path):
     store, files = sxm_store
-    node = tmp_path / "pcie-root"
+    node = tmp_path / "root"
     got = fetch.fetch(tiny_recipe(), store, node, gpus=_gpus("h100-pcie"))
 
     assert got.status == "partial" and not got.hit
@@ -69,7 +73,7 @@ def test_an_h100_pcie_node_gets_flashinfer_and_triton_from_an_h100_sxm_build_not
 
 def test_the_outlook_of_a_partial_root_judges_only_what_it_restored(sxm_store, tmp_path):
     store, _ = sxm_store
-    node = tmp_path / "pcie-root"
+    node = tmp_path / "root"
     fetch.fetch(tiny_recipe(), store, node, gpus=_gpus("h100-pcie"))
     marker = restore.active(node)
     pcie = fingerprint.probe(model="/models/tiny").with_gpus(_gpus("h100-pcie"))
@@ -99,14 +103,18 @@ def test_require_names_the_components_that_must_be_restored(sxm_store, tmp_path)
     saved.write_text(json.dumps(nodes.gpu_node("h100-pcie").to_json()))
     args = ["fetch", recipe, "--store", store.url, "--gpus-from", saved]
 
-    ok = run_warmer(*args, "--root", tmp_path / "a", "--require", "flashinfer,triton", "--json")
+    ok = run_warmer(*args, "--root", tmp_path / "root", "--require", "flashinfer,triton", "--json")
     assert ok.returncode == 0, ok.stderr
     doc = json.loads(ok.stdout)
     assert doc["status"] == "partial" and {"flashinfer", "triton"} <= set(doc["components"])
     assert any(layer["component"] == "inductor" and not layer["fits"] for layer in doc["layers"])
     assert "restored: " in ok.stderr and "gpu.name" in ok.stderr
-    assert run_warmer(*args, "--root", tmp_path / "b", "--require").returncode == 3  # not a full hit
-    assert run_warmer(*args, "--root", tmp_path / "c", "--require", "inductor").returncode == 3
+    assert run_warmer(*args, "--root", tmp_path / "root", "--require").returncode == 3  # not a full hit
+    assert run_warmer(*args, "--root", tmp_path / "root", "--require", "inductor").returncode == 3
+    # Triton's and FlashInfer's files hold paths under the root they were built at: at another root
+    # they would rebuild, so they are not offered there (and explain says so, by the field).
+    moved = run_warmer(*args, "--root", tmp_path / "elsewhere", "--json")
+    assert moved.returncode == 0 and json.loads(moved.stdout)["status"] == "miss", moved.stdout[-2000:]
     bad = run_warmer(*args, "--root", tmp_path / "d", "--require", "flashinfr")
     assert bad.returncode == 2 and "flashinfr" in bad.stderr and "triton" in bad.stderr
     assert not (tmp_path / "d").exists()  # said before anything was fetched

@@ -13,7 +13,7 @@ manifest and extracting.
 
     filelist       artifact.json's files list: its entries, kept as their bytes (FileList)
     manifest       artifact.json's bytes around that list, never made whole (Canonical)
-    tarwrite       pack_body, manifest_frame, assemble, replace_manifest
+    tarwrite       pack_body, pack_layers (a frame per layer), manifest_frame, assemble, replace_manifest
     tarread        read_manifest, extract, check: the limits a hostile archive meets
     extractwriter  the threads that write and hash what extract reads
     common         the error, the sizes, a tar header's layout
@@ -50,16 +50,22 @@ from warmer.archive.tarread import (
     read_manifest,
 )
 from warmer.archive.tarwrite import (
+    END_FRAME,
+    Frame,
     assemble,
     first_frame_size,
     manifest_frame,
     pack_body,
+    pack_layers,
     replace_manifest,
     sha256_file,
 )
 
 __all__ = [
     "BLOCK",
+    "END_FRAME",
+    "Frame",
+    "pack_layers",
     "CHUNK",
     "H_CHKSUM",
     "H_IDS_SIZE_MTIME",

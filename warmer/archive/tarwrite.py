@@ -10,9 +10,9 @@ import os
 import shutil
 import stat
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import zstandard
 
@@ -56,38 +56,94 @@ def _padding(size: int) -> bytes:
     return b"\0" * (-size % BLOCK)
 
 
+class Frame(NamedTuple):
+    """One layer of a body: a zstd frame of one group's tar members, at offset in the body."""
+
+    name: str
+    offset: int
+    size: int
+    sha256: str
+
+
+# The end-of-archive blocks, as the frame that closes a layered body: a node that assembles an
+# archive from some of its layers ends it with these bytes.
+END_FRAME = zstandard.ZstdCompressor(level=3, write_checksum=True).compress(b"\0" * (2 * BLOCK))
+
+
 def pack_body(root: Path, relpaths: Iterable[str], out: BinaryIO, level: int = 3) -> list[FileEntry]:
     """Write the files as tar members in one zstd frame; return their manifest entries.
 
     Digests are computed from the very bytes that go into the archive, in the same pass, while
     zstd's worker threads compress the bytes written before.
     """
-    entries = []
+    entries: list[FileEntry] = []
     cctx = zstandard.ZstdCompressor(level=level, threads=-1, write_checksum=True)
     buf = memoryview(bytearray(CHUNK))  # the compressor copies what it is given: one buffer will do
     with cctx.stream_writer(out, closefd=False) as w:
-        for rel in _largest_last(root, relpaths):
-            path = os.path.join(root, rel)
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode):
-                raise ArchiveError(f"{rel}: not a regular file; only regular files are packed")
-            w.write(_member_header(rel, st.st_size, st.st_mode, st.st_mtime_ns))
-            h = hashlib.sha256()
-            n = 0
-            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb", buffering=0) as f:
-                while k := f.readinto(buf):
-                    h.update(buf[:k])
-                    w.write(buf[:k])
-                    n += k
-            if n != st.st_size:
-                raise ArchiveError(
-                    f"{rel}: changed while it was packed ({st.st_size} -> {n} bytes); "
-                    "pack only after the warm-up process has exited"
-                )
-            w.write(_padding(n))
-            entries.append(FileEntry(rel, n, h.hexdigest(), st.st_mode & MODE_MASK, st.st_mtime_ns))
+        _members(root, relpaths, w, buf, entries)
         w.write(b"\0" * (2 * BLOCK))  # end of archive
     return entries
+
+
+def pack_layers(
+    root: Path, groups: Sequence[tuple[str, Sequence[str]]], out: BinaryIO, level: int = 3
+) -> tuple[list[FileEntry], list[Frame]]:
+    """pack_body, one zstd frame per group (a layer: one cache component's files), then END_FRAME.
+    Together they are one tar stream (`tar --zstd -xf` reads it); each frame alone is a layer a
+    store keeps once, named by its sha256. out must be a file (offsets are taken from it)."""
+    entries: list[FileEntry] = []
+    frames = []
+    cctx = zstandard.ZstdCompressor(level=level, threads=-1, write_checksum=True)
+    buf = memoryview(bytearray(CHUNK))
+    base = out.tell()
+    for name, rels in groups:
+        start = out.tell()
+        with cctx.stream_writer(out, closefd=False) as w:
+            _members(root, rels, w, buf, entries)
+        out.flush()
+        end = out.tell()
+        frames.append(Frame(name, start - base, end - start, _sha256_range(out, start, end)))
+    out.write(END_FRAME)
+    return entries, frames
+
+
+def _sha256_range(f: BinaryIO, start: int, end: int) -> str:
+    """The digest of bytes [start, end) of f, read back (a layer is hashed as it lies on disk)."""
+    h = hashlib.sha256()
+    f.seek(start)
+    left = end - start
+    while left:
+        chunk = f.read(min(CHUNK, left))
+        if not chunk:
+            raise ArchiveError("the body ended while it was being hashed")
+        h.update(chunk)
+        left -= len(chunk)
+    f.seek(end)
+    return h.hexdigest()
+
+
+def _members(root: Path, relpaths: Iterable[str], w: BinaryIO, buf: memoryview, entries: list[FileEntry]) -> None:
+    """The files as tar members onto w, the largest last; their entries appended to entries."""
+    for rel in _largest_last(root, relpaths):
+        path = os.path.join(root, rel)
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ArchiveError(f"{rel}: not a regular file; only regular files are packed")
+        w.write(_member_header(rel, st.st_size, st.st_mode, st.st_mtime_ns))
+        h = hashlib.sha256()
+        n = 0
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb", buffering=0) as f:
+            while k := f.readinto(buf):
+                h.update(buf[:k])
+                w.write(buf[:k])
+                n += k
+        if n != st.st_size:
+            raise ArchiveError(
+                f"{rel}: changed while it was packed ({st.st_size} -> {n} bytes); "
+                "pack only after the warm-up process has exited"
+            )
+        w.write(_padding(n))
+        entries.append(FileEntry(rel, n, h.hexdigest(), st.st_mode & MODE_MASK, st.st_mtime_ns))
 
 
 def _largest_last(root: Path, relpaths: Iterable[str]) -> list[str]:

@@ -159,6 +159,17 @@ def add_sign_key(c: argparse.ArgumentParser) -> None:
     c.add_argument("--sign-key", help="Ed25519 private key (PEM) to sign the artifact with")
 
 
+def add_layers(c: argparse.ArgumentParser) -> None:
+    c.add_argument(
+        "--layers",
+        action="store_true",
+        default=env_flag("WARMER_LAYERS"),
+        help="publish each cache component as a layer of its own, stored once whatever number of "
+        "artifacts hold it (only the layers the store lacks go up); nodes need this warmer version "
+        "to read it (env WARMER_LAYERS=1)",
+    )
+
+
 def add_trust(c: argparse.ArgumentParser) -> None:
     default = [k for k in os.environ.get("WARMER_TRUSTED_KEY", "").split(os.pathsep) if k] or None
     c.add_argument(

@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from warmer import api, errors
-from warmer.cli import Output, add_recipe, add_root, add_sign_key, add_store, store_options
+from warmer.cli import Output, add_layers, add_recipe, add_root, add_sign_key, add_store, store_options
 from warmer.cli import verify as verify_cmd
 from warmer.cli.render import megabytes, seconds
 from warmer.errors import EXIT_OK
@@ -31,6 +31,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         "to FILE, e.g. $GITHUB_STEP_SUMMARY",
     )
     add_sign_key(c)
+    add_layers(c)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
             workdir=args.workdir,
             allow_partial=args.allow_partial,
             sign_key=args.sign_key,
+            layers=args.layers,
             **store_options(args, out),
         )
     except errors.WarmerError as e:  # the CI summary says why, whatever stopped the build

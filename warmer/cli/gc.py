@@ -54,6 +54,11 @@ def report(r: Collection) -> str:
         "(maybe a publish in flight)"
         for b in r.orphans_kept
     ]
+    if r.shared_kept:
+        lines.append(
+            f"kept: {len(r.shared_kept)} blob(s) of the {'doomed' if r.dry_run else 'deleted'} entries that "
+            "entries left still name (shared layers)"
+        )
     lines.append(
         f"{r.store}: {verb} {len(r.deleted_entries)} of {r.entries} index entries and "
         f"{len(r.deleted_blobs)} blob(s), {r.freed_bytes / 1e6:.1f} MB; kept {r.kept_entries} "

@@ -54,10 +54,17 @@ def report(i: api.Inspection) -> str:
         if signature
         else "signed:     no" + ("" if i.entry else " (no .sig file beside it)")
     )
-    if i.entry:
+    if i.entry and i.entry.blob is not None:
         lines.append(
             f"blob:       {i.entry.blob.sha256} ({megabytes(i.entry.blob.size)}), published "
             f"{i.entry.published_at.isoformat()}"
         )
+    elif i.entry:  # a layered entry: a blob per cache component, each stored once
+        total = sum(b.size for b in i.entry.blobs)
+        lines.append(
+            f"layers:     {len(i.entry.artifact.layers)} blob(s), {megabytes(total)}, published "
+            f"{i.entry.published_at.isoformat()}"
+        )
+        lines += [f"  {x.component:<22}{x.sha256[:12]:>13} {megabytes(x.size):>12}" for x in i.entry.artifact.layers]
     lines.append("more: --json (timings, path contract, vLLM's key), --json --full (artifact.json whole)")
     return "\n".join(lines)

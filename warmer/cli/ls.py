@@ -13,6 +13,7 @@ from warmer.errors import EXIT_OK
 
 if TYPE_CHECKING:
     from warmer.api import Listing, LocalRoot
+    from warmer.catalog import Row
 
 HELP = "list the artifacts published in a store, or the roots on this node (--root-base)"
 ORDER = 110
@@ -46,6 +47,14 @@ def _orphans(blobs: Sequence) -> str:
     return f"{len(blobs)} orphan blob(s), {sum(b.size for b in blobs) / 1e6:.1f} MB"
 
 
+def _stored_as(row: Row) -> str:
+    """How an entry's bytes are stored: one blob, or layers (and how many of them other entries share)."""
+    if not row.layers:
+        return "1 blob" + (" (shared)" if row.shared_bytes else "")
+    shared = sum(x.shared for x in row.layers)
+    return f"{len(row.layers)} layers" + (f", {shared} shared ({row.shared_bytes / 1e6:.1f} MB)" if shared else "")
+
+
 def report(r: Listing) -> str:
     # No entry names an orphan blob: an upload in flight or a lost publish race, gc's to delete.
     orphans = (
@@ -57,15 +66,21 @@ def report(r: Listing) -> str:
     )
     if not r.rows and not r.unreadable:
         return "\n".join([f"{r.store}: no artifacts"] + ([orphans] if orphans else []))
-    lines = [f"{'RECIPE':<28} {'KEY':<16} {'MACHINE':<28} {'PUBLISHED':<25} {'SIZE':>10} {'VERIFY':<8}"]
+    lines = [f"{'RECIPE':<28} {'KEY':<16} {'MACHINE':<28} {'PUBLISHED':<25} {'SIZE':>10} {'VERIFY':<8} STORED AS"]
     for row in r.rows:
         lines.append(
             f"{row.recipe:<28} {row.key[:16]:<16} {row.machine:<28} "
-            f"{row.published_at.isoformat():<25} {row.archive_bytes / 1e6:>7.1f} MB {row.verify or '-':<8}"
+            f"{row.published_at.isoformat():<25} {row.archive_bytes / 1e6:>7.1f} MB {row.verify or '-':<8} "
+            f"{_stored_as(row)}"
         )
     for u in r.unreadable:
         lines.append(f"{u.recipe:<28} {u.key[:16]:<16} UNREADABLE: {u.why}")
     lines.append(f"{len(r.rows)} artifact(s) in {r.store}; details: warmer inspect {r.store}/index/RECIPE/KEY")
+    if r.rows:
+        lines.append(
+            f"{r.stored_bytes / 1e6:.1f} MB stored in {r.blob_count} blob(s), {r.unshared_bytes / 1e6:.1f} MB "
+            f"unshared; {r.shared_blobs} blob(s) shared by more than one entry"
+        )
     if r.unreadable:
         lines.append(
             f"{len(r.unreadable)} unreadable entr{'y' if len(r.unreadable) == 1 else 'ies'}: remove with "

@@ -1,4 +1,4 @@
-"""warmer rm: one published artifact removed (its index entry, and its blob when no other names it)."""
+"""warmer rm: one published artifact removed (its index entry, and each blob of it that no other entry names)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,25 @@ def run(args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK  # without --yes, a dry run: it did what was asked
 
 
+def _layers(r: Removal) -> str:
+    """A layered entry's blobs: each deleted, or kept where another entry shares it."""
+    gone, kept = ("would be deleted", "would be kept") if r.dry_run else ("deleted", "kept")
+    shown = [f"{c} {sha[:12]} {gone if sha in r.deleted_blobs else kept}" for c, sha in r.layers]
+    return (
+        f"its {len(r.layers)} layer(s): {', '.join(shown)} (a layer is kept while another entry names it, "
+        "or while an entry is unreadable)"
+    )
+
+
 def report(r: Removal) -> str:
     kept = "kept (another entry names it, or an entry is unreadable)"
+    if r.layers:
+        if r.dry_run:
+            return (
+                f"would remove {r.store}/index/{r.recipe}/{r.key}; {_layers(r)}; nothing removed: "
+                "pass --yes to remove it"
+            )
+        return f"removed {r.store}/index/{r.recipe}/{r.key}; {_layers(r)}; an audit record is kept in the store"
     if r.dry_run:  # nothing happened: say what --yes would do, in the conditional
         blob = (
             f"blob {r.blob[:16]} would be {'deleted too' if r.blob_deleted else kept}"

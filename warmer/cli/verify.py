@@ -68,6 +68,12 @@ def phases_table(cold: dict, restored: dict) -> str:
 def report(v: VerifyResult) -> str:
     f = v.files
     lines = [f"verdict: {v.verdict} - {f.recompiled} recompiled file(s) ({f.new} new, {f.rewritten} rewritten)"]
+    if v.components is not None:
+        rest = sum(n for c, n in f.by_component.items() if c not in v.components)
+        lines.append(
+            f"  a partial root: judged on what was restored ({', '.join(v.components)}); the other "
+            f"components compiled {rest} file(s), as the fetch said"
+        )
     if f.by_component:
         lines.append("  by component: " + ", ".join(f"{k} {n}" for k, n in f.by_component.items()))
     if v.outside_root:

@@ -1,7 +1,8 @@
 """OCIStore: warmer's store layout in one repository of a registry (docs/oci-store.md): an
-artifact is a manifest tagged RECIPE--KEY16, its config artifact.json and its layer the tar.zst;
-the index entry is rebuilt from them on read; the tag list is the index. Every request goes
-through client.Registry.
+artifact is a manifest tagged RECIPE--KEY16, its config artifact.json and its layer the tar.zst
+(a layered entry, schema 2: its layers, one per cache component, each a blob the registry keeps
+once whatever number of manifests name it); the index entry is rebuilt from them on read; the
+tag list is the index. Every request goes through client.Registry.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ ANN_AUDIT = "vnd.warmer.audit"
 ANN_CREATED = "org.opencontainers.image.created"
 ANN_TITLE = "org.opencontainers.image.title"
 ENTRY_FIELDS = ("schema", "recipe", "key", "blob", "artifact", "signature", "published_at")
+LAYERED_SCHEMA = 2  # warmer.entry.LAYERED_SCHEMA: no "blob"; its blobs are artifact.json's layers
+LAYER_FIELDS = frozenset(("component", "key", "sha256", "size", "offset"))
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 INDEX_TAG = re.compile(r"^(?P<recipe>[a-z0-9][a-z0-9._-]{0,99})--(?P<key16>[0-9a-f]{16})$")
@@ -78,6 +82,39 @@ def canonical(doc: dict) -> bytes:
 
 def _dropped(pairs) -> None:
     return None
+
+
+def _layers_kept(pairs):
+    """json.loads' object hook that builds nothing but artifact.json's layers: an object with a
+    "layers" member becomes {"layers": ...}, a layer's object (every field of one, at least) a dict,
+    every other object None (the files list of 45,000 objects is dropped as it is read)."""
+    keys = {k for k, _ in pairs}
+    if "layers" in keys:
+        return {"layers": dict(pairs)["layers"]}
+    return dict(pairs) if LAYER_FIELDS <= keys else None
+
+
+def _layer_descriptors(layers: object, tag: str) -> list[dict]:
+    """A layered entry's layers (artifact.json's, as publish wrote them) as the manifest's
+    descriptors; ValueError when they are not."""
+    if not isinstance(layers, list) or not layers:
+        raise ValueError("a layered entry whose artifact lists no layers")
+    out = []
+    for layer in layers:
+        sha, size, component = layer["sha256"], layer["size"], layer["component"]
+        if not isinstance(sha, str) or not HEX64.match(sha) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"layer {component!r} has no sha256 and size")
+        if not isinstance(component, str) or not re.match(r"^[a-z0-9][a-z0-9._-]{0,99}$", component):
+            raise ValueError(f"layer {component!r} is not a component's name")
+        out.append(
+            {
+                "mediaType": LAYER_TYPE,
+                "digest": f"sha256:{sha}",
+                "size": size,
+                "annotations": {ANN_TITLE: f"{tag}-{component}.tar.zst"},
+            }
+        )
+    return out
 
 
 def index_tag(recipe: str, key: str) -> str:
@@ -298,7 +335,7 @@ class OCIStore(Store):
         )
 
     def _manifest(
-        self, config: bytes, config_type: str, artifact_type: str, layer: dict, annotations: dict[str, str]
+        self, config: bytes, config_type: str, artifact_type: str, layers: list[dict], annotations: dict[str, str]
     ) -> bytes:
         doc = {
             "schemaVersion": 2,
@@ -309,7 +346,7 @@ class OCIStore(Store):
                 "digest": "sha256:" + hashlib.sha256(config).hexdigest(),
                 "size": len(config),
             },
-            "layers": [layer],
+            "layers": layers,
             "annotations": annotations,
         }
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
@@ -323,16 +360,31 @@ class OCIStore(Store):
         if not names:
             raise StoreError(f"{rel!r} is not an index entry's name")
         recipe, key = names
+        tag = index_tag(recipe, key)
         try:
             doc = json.loads(entry)
-            blob, art = doc["blob"], doc["artifact"]
-            if doc["recipe"] != recipe or doc["key"] != key or not HEX64.match(blob["sha256"]):
+            art = doc["artifact"]
+            if doc["recipe"] != recipe or doc["key"] != key:
                 raise ValueError("names another artifact")
-            size = int(blob["size"])
+            if doc.get("schema") == LAYERED_SCHEMA:  # its blobs: a layer per cache component
+                if "blob" in doc:
+                    raise ValueError("a layered entry names a blob")
+                layers = _layer_descriptors(art.get("layers"), tag)
+            else:
+                blob = doc["blob"]
+                if not HEX64.match(blob["sha256"]):
+                    raise ValueError("its blob is no sha256")
+                layers = [
+                    {
+                        "mediaType": LAYER_TYPE,
+                        "digest": f"sha256:{blob['sha256']}",
+                        "size": int(blob["size"]),
+                        "annotations": {ANN_TITLE: f"{tag}.tar.zst"},
+                    }
+                ]
             created = str(doc["published_at"])
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise StoreError(f"index entry {recipe}/{key} to publish is malformed ({e}): a bug in warmer") from None
-        tag = index_tag(recipe, key)
         config = canonical(art)
         annotations = {
             ANN_RECIPE: recipe,
@@ -345,17 +397,13 @@ class OCIStore(Store):
         extra = {k: v for k, v in doc.items() if k not in ENTRY_FIELDS}
         if extra:
             annotations[ANN_EXTRA] = json.dumps(extra, separators=(",", ":"), sort_keys=True)
-        layer_digest = f"sha256:{blob['sha256']}"
-        layer = {
-            "mediaType": LAYER_TYPE,
-            "digest": layer_digest,
-            "size": size,
-            "annotations": {ANN_TITLE: f"{tag}.tar.zst"},
-        }
-        manifest = self._manifest(config, CONFIG_TYPE, ARTIFACT_TYPE, layer, annotations)
+        manifest = self._manifest(config, CONFIG_TYPE, ARTIFACT_TYPE, layers, annotations)
         digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
-        if not self.registry.has(layer_digest):
-            raise BlobMissing(f"blob {blob['sha256']} is not in {self.url}: upload it before its index entry")
+        for layer in layers:  # a manifest may name only blobs the repository holds
+            if not self.registry.has(layer["digest"]):
+                raise BlobMissing(
+                    f"blob {layer['digest'][len('sha256:') :]} is not in {self.url}: upload it before its index entry"
+                )
         self.registry.upload_bytes(config)
         return self._put_manifest(tag, manifest, digest, f"{recipe}/{key[:16]}")
 
@@ -365,7 +413,7 @@ class OCIStore(Store):
         empty = self.registry.upload_bytes(EMPTY)
         layer = {"mediaType": EMPTY_TYPE, "digest": empty, "size": len(EMPTY)}
         annotations = {ANN_AUDIT: name, ANN_CREATED: datetime.now(UTC).isoformat(timespec="seconds")}
-        manifest = self._manifest(record, AUDIT_CONFIG_TYPE, AUDIT_TYPE, layer, annotations)
+        manifest = self._manifest(record, AUDIT_CONFIG_TYPE, AUDIT_TYPE, [layer], annotations)
         return self._put_manifest(tag, manifest, "sha256:" + hashlib.sha256(manifest).hexdigest(), f"audit {name}")
 
     def _read_index(self, rel: str, limit: int) -> bytes | None:
@@ -392,7 +440,7 @@ class OCIStore(Store):
 
     def _warmer_manifest(self, manifest: dict, tag: str) -> dict:
         config, layers = manifest.get("config") or {}, manifest.get("layers")
-        if config.get("mediaType") != CONFIG_TYPE or not isinstance(layers, list) or len(layers) != 1:
+        if config.get("mediaType") != CONFIG_TYPE or not isinstance(layers, list) or not layers:
             raise StoreError(
                 f"tag {tag} in {self.host}/{self.repo} is not a warmer artifact (config "
                 f"{config.get('mediaType')!r}): remove the tag, or keep warmer's artifacts in a "
@@ -401,20 +449,21 @@ class OCIStore(Store):
         return manifest
 
     def _entry(self, manifest: dict, config: bytes, what: str) -> bytes:
-        ann, layer = manifest.get("annotations") or {}, manifest["layers"][0]
+        ann, layers = manifest.get("annotations") or {}, manifest["layers"]
         try:
-            digest, size = layer["digest"], layer["size"]
-            if (
-                layer.get("mediaType") != LAYER_TYPE
-                or not re.match(r"^sha256:[0-9a-f]{64}$", digest)
-                or not isinstance(size, int)
-            ):
-                raise ValueError("its layer is not a warmer cache")
-            entry = {
-                "schema": json.loads(ann.get(ANN_SCHEMA, "1")),
-                "recipe": ann[ANN_RECIPE],
-                "key": ann[ANN_KEY],
-                "blob": {"sha256": digest[len("sha256:") :], "size": size},
+            blobs = []
+            for layer in layers:
+                digest, size = layer["digest"], layer["size"]
+                if layer.get("mediaType") != LAYER_TYPE or not DIGEST.match(digest) or not isinstance(size, int):
+                    raise ValueError("a layer is not a warmer cache")
+                blobs.append({"sha256": digest[len("sha256:") :], "size": size})
+            schema = json.loads(ann.get(ANN_SCHEMA, "1"))
+            entry = {"schema": schema, "recipe": ann[ANN_RECIPE], "key": ann[ANN_KEY]}
+            if schema != LAYERED_SCHEMA:
+                if len(blobs) != 1:
+                    raise ValueError(f"{len(blobs)} layers, not the one blob of a schema {schema} entry")
+                entry["blob"] = blobs[0]
+            entry |= {
                 "signature": json.loads(ann[ANN_SIGNATURE]) if ANN_SIGNATURE in ann else None,
                 "published_at": ann[ANN_CREATED],
             }
@@ -422,12 +471,20 @@ class OCIStore(Store):
             if not isinstance(extra, dict):
                 raise ValueError("its extra fields are not an object")
             entry.update({k: v for k, v in extra.items() if k not in entry and k != "artifact"})
-            # One JSON object, checked as such without building it (every object is dropped as it
-            # is read): the entry takes config's bytes as they are, and the node's reader of
-            # entries finds artifact.json's files list as written (warmer.artifact.load).
-            if not config.lstrip().startswith(b"{") or json.loads(config, object_pairs_hook=_dropped) is not None:
+            # One JSON object, checked as such without building it (every object but the layers is
+            # dropped as it is read): the entry takes config's bytes as they are, and the node's
+            # reader of entries finds artifact.json's files list as written (warmer.artifact.load).
+            if not config.lstrip().startswith(b"{"):
                 raise ValueError("its config is not a JSON object")
-        except (ValueError, KeyError, TypeError) as e:
+            top = json.loads(config, object_pairs_hook=_layers_kept if schema == LAYERED_SCHEMA else _dropped)
+            if schema == LAYERED_SCHEMA:
+                # The manifest's layers are what the registry keeps: they must be the signed ones.
+                listed = [{"sha256": x["sha256"], "size": x["size"]} for x in (top or {}).get("layers") or []]
+                if not listed or listed != blobs:
+                    raise ValueError("its layers are not those its artifact.json lists")
+            elif top is not None:
+                raise ValueError("its config is not a JSON object")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise StoreError(
                 f"{what} in {self.url} is unreadable ({e}): remove it, or publish again under a new key"
             ) from None
@@ -477,13 +534,16 @@ class OCIStore(Store):
         resp.close()
         if resp.status_code not in (200, 202, 204, 404):
             raise registry.error(resp, "delete", f"{recipe}/{key[:16]}")
-        layers = manifest.get("layers") or []
-        if layers and isinstance(layers[0], dict) and str(layers[0].get("digest", "")).startswith("sha256:"):
-            sha = layers[0]["digest"][len("sha256:") :]
-            try:
-                when = datetime.fromisoformat(ann.get(ANN_CREATED, ""))
-                when = when if when.tzinfo else when.replace(tzinfo=UTC)
-            except ValueError:
-                when = datetime.now(UTC)
-            if HEX64.match(sha):
-                self._released[sha] = Blob(sha, int(layers[0].get("size") or 0), when)
+        try:
+            when = datetime.fromisoformat(ann.get(ANN_CREATED, ""))
+            when = when if when.tzinfo else when.replace(tzinfo=UTC)
+        except ValueError:
+            when = datetime.now(UTC)
+        layers = manifest.get("layers")
+        for layer in layers if isinstance(layers, list) else []:  # every layer: a layered entry has many
+            if not isinstance(layer, dict) or layer.get("mediaType") != LAYER_TYPE:
+                continue
+            found, size = layer.get("digest"), layer.get("size")
+            if isinstance(found, str) and DIGEST.match(found):
+                sha = found[len("sha256:") :]
+                self._released[sha] = Blob(sha, size if isinstance(size, int) else 0, when)

@@ -1,0 +1,144 @@
+"""Layered artifacts on the node: each cache component is a zstd frame of the archive and, published
+with --layers, a blob of its own. A fetch reads only the layers it activates, and takes a layer that
+another root of the node already holds from there (checked file by file), downloading nothing for it.
+Real pack, real file store, real restore; the GPUs of the partial hit come from recorded fixtures."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.conftest import make_cache_tree, tiny_recipe
+from tests.fixtures import nodes
+from warmer import archive, build, fetch, fingerprint, restore
+from warmer.entry import IndexEntry
+from warmer.store import open_store
+
+SHARED = {
+    "triton/AB3C/triton_poi_fused_0.cubin": os.urandom(40_000),
+    "flashinfer/.cache/flashinfer/0.7.2.post1/90a/cached_ops/silu_and_mul/silu_and_mul.so": os.urandom(60_000),
+}
+
+
+def _pack(tmp_path, name="a", gpus=None, at=None):
+    src = at or tmp_path / f"src-{name}"
+    files = make_cache_tree(src)
+    for rel, data in SHARED.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    fp = fingerprint.probe(root=src, model="/models/tiny")
+    if gpus:
+        fp = fp.with_gpus(nodes.gpu_node(gpus).gpu)
+    out = tmp_path / f"{name}.tar.zst"
+    art = build.pack_root(src, tiny_recipe(), out, fp=fp)
+    if at:
+        shutil.rmtree(at)  # a fresh node: the root is where the build was
+    return out, art, {**files, **SHARED}
+
+
+def test_pack_writes_a_frame_per_component_and_the_archive_stays_one_tar(tmp_path):
+    out, art, files = _pack(tmp_path)
+    assert [layer.component for layer in art.layers] == list(art.components)
+    with open(out, "rb") as f:
+        body = archive.first_frame_size(f)
+        for layer in art.layers:  # each layer is its own frame, at its offset, of its digest
+            f.seek(body + layer.offset)
+            assert hashlib.sha256(f.read(layer.size)).hexdigest() == layer.sha256
+    assert art.layers[-1].offset + art.layers[-1].size + body + len(archive.END_FRAME) == out.stat().st_size
+    listed = subprocess.run(["tar", "--zstd", "-tf", out], capture_output=True, text=True, check=True).stdout
+    assert set(files) <= set(listed.split())
+
+
+def test_a_layered_publish_fetches_layer_by_layer_and_a_second_root_takes_them_from_the_node(tmp_path):
+    out, art, files = _pack(tmp_path)
+    store = open_store(f"file://{tmp_path / 'store'}")
+    published = build.publish(store, out, layers=True)
+    assert published.status == "published" and all(published.layers.values())
+    assert published.bytes_uploaded == sum(layer.size for layer in art.layers)
+    entry = IndexEntry.read(store.get_index("tiny", art.key), "tiny", art.key)
+    assert entry.layered and {b.sha256 for b in entry.blobs} == {layer.sha256 for layer in art.layers}
+
+    base = tmp_path / "cache"
+    first = fetch.fetch(tiny_recipe(), store, base / "one")
+    assert first.status == "hit", first.warnings
+    assert first.restore.archive_bytes == sum(layer.size for layer in art.layers) and not first.restore.reused
+    for rel, data in files.items():
+        assert (base / "one" / rel).read_bytes() == data
+
+    second = fetch.fetch(tiny_recipe(), store, base / "two")  # another root of the same node
+    assert second.status == "hit" and second.restore.archive_bytes == 0
+    assert set(second.restore.reused) == set(art.components)
+    for rel, data in files.items():
+        path = base / "two" / rel
+        assert path.read_bytes() == data and not os.path.samefile(path, base / "one" / rel)
+    entry_of = {e.path: e for e in art.files}
+    rel = next(iter(SHARED))
+    assert (base / "two" / rel).stat().st_mtime_ns == entry_of[rel].mtime_ns  # ninja compares mtimes
+    assert fetch.fetch(tiny_recipe(), store, base / "two").restore.status == "already-active"
+
+
+
+def test_a_tampered_sibling_is_not_copied_and_the_layer_is_downloaded(tmp_path):
+    out, art, files = _pack(tmp_path)
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, out, layers=True)
+    base = tmp_path / "cache"
+    fetch.fetch(tiny_recipe(), store, base / "one")
+    rel = next(iter(SHARED))
+    victim = base / "one" / rel
+    victim.write_bytes(b"\x7fELF not what was built" + bytes(len(files[rel]) - 23))  # same size, other bytes
+
+    got = fetch.fetch(tiny_recipe(), store, base / "two")
+    assert got.status == "hit"
+    tampered = "triton" if rel.startswith("triton/") else "flashinfer"
+    assert tampered not in got.restore.reused and got.restore.archive_bytes == art.layer(tampered).size
+    assert (base / "two" / rel).read_bytes() == files[rel]
+
+
+def test_a_partial_hit_downloads_only_the_layers_that_fit(tmp_path):
+    out, art, _ = _pack(tmp_path, "sxm", gpus="h100-sxm", at=tmp_path / "pcie")
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, out, layers=True)
+    got = fetch.fetch(tiny_recipe(), store, tmp_path / "pcie", gpus=nodes.gpu_node("h100-pcie").gpu)
+    assert got.status == "partial" and {"flashinfer", "triton"} <= set(got.components)
+    assert got.restore.archive_bytes == sum(art.layer(c).size for c in got.components)
+    assert got.restore.archive_bytes < sum(layer.size for layer in art.layers)
+    assert not (tmp_path / "pcie" / "inductor" / "fxgraph").exists()
+
+
+def test_a_corrupt_layer_is_never_activated(tmp_path):
+    out, art, _ = _pack(tmp_path)
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, out, layers=True)
+    layer = art.layer("inductor")
+    blob = tmp_path / "store" / "blobs" / "sha256" / layer.sha256[:2] / f"{layer.sha256}.tar.zst"
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.chmod(0o644)
+    blob.write_bytes(bytes(data))
+    got = fetch.fetch(tiny_recipe(), store, tmp_path / "node")
+    assert got.status == "error" and not got.hit
+    assert restore.active(tmp_path / "node") is None
+
+
+def test_publishing_an_artifact_packed_before_layers_in_layers_is_refused(tmp_path):
+    out, art, _ = _pack(tmp_path)
+    doc = art.to_json()
+    del doc["layers"]
+    archive.replace_manifest(out, build.Artifact.from_json(doc).canonical)
+    with pytest.raises(build.BuildError, match="packed before layers"):
+        build.publish(open_store(f"file://{tmp_path / 'store'}"), out, layers=True)
+    assert build.publish(open_store(f"file://{tmp_path / 'store'}"), out).status == "published"
+
+
+def test_the_size_cap_holds_for_the_layers_together(tmp_path):
+    out, art, _ = _pack(tmp_path)
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, out, layers=True)
+    cap = art.total_bytes - 1
+    assert all(c.bytes < cap for c in art.components.values())  # no layer alone is over it
+    got = fetch.fetch(tiny_recipe(), store, tmp_path / "node", max_bytes=cap)
+    assert got.status == "error" and any("over the limit" in w for w in got.warnings), got.warnings
+    assert restore.active(tmp_path / "node") is None
