@@ -364,7 +364,7 @@ def _decide(
         elif kind == RANGED:
             ok, reason = _at_least(b, n, rule.spec)
         elif kind == HARD and rule.field == ROOT and n is None:
-            ok, reason = True, "not checked: no root given here (the fetch's --root decides)"
+            ok, reason = True, "not checked here: the fetch's root decides"
         elif kind == HARD:
             ok, reason = b == n, _equal_reason(rule.field, b, n)
         else:
@@ -474,7 +474,7 @@ _FLASHINFER = (
 
 # The path contract: a layer whose files hold absolute paths fits only at the root it was built at.
 ROOT = "paths.cache_root"
-_AT_ROOT = (
+AT_ROOT = (
     "its files hold absolute paths under the root it was built at (build.ninja, .ninja_log and .ninja_deps; "
     "Triton's __grp__ files): restored under another root path, it is rebuilt"
 )
@@ -502,7 +502,7 @@ LAYER_RULES: dict[str, LayerRule] = {
             "compute capability. Its cuda_utils driver module is a compiled Python extension keyed on "
             "platform_key() (machine, OS) and include dirs in Triton's install, and named with the "
             "interpreter's EXT_SUFFIX (triton/runtime/build.py _compile_so). The GPU's name is in no key: "
-            "H100 SXM, H100 PCIe and H200 share it. And " + _AT_ROOT,
+            "H100 SXM, H100 PCIe and H200 share it. And " + AT_ROOT,
             hard=(ROOT,),
         ),
         LayerRule(
@@ -517,7 +517,7 @@ LAYER_RULES: dict[str, LayerRule] = {
             "sets flags and the sm_12x arch tag, and ninja 1.11 and 1.12+ read each other's logs as stale. "
             "A flashinfer-cubin wheel counts only at FlashInfer's version (jit/env.py _get_cubin_dir, "
             "_check_cubin_version), CuTe-DSL entries only with the same nvidia-cutlass-dsl "
-            "(jit/cute_dsl_core.py). The GPU's name and the recipe are in none of it. And " + _AT_ROOT,
+            "(jit/cute_dsl_core.py). The GPU's name and the recipe are in none of it. And " + AT_ROOT,
             hard=(ROOT,),
         ),
         LayerRule(

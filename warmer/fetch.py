@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +189,35 @@ def _part_of(
     )
 
 
+def _at_root(choice: Choice, root: str) -> Choice:
+    """A partial hit at this root: a layer whose files hold absolute paths (compat.ROOT's rules)
+    fits only at the root it was built at, elsewhere it would be rebuilt, so it is left out, said
+    by the field. A whole artifact is as before: restored, and the outlook says what rebuilds."""
+    if choice.components is None or choice.entry is None:
+        return choice
+    built = choice.entry.artifact.path_contract.root
+    if built == root:
+        return choice
+    moved = Decision(
+        compat.ROOT, compat.HARD, built, root, False, f"built at {built}, this root is {root}", compat.AT_ROOT
+    )
+    layers = tuple(
+        replace(layer, fits=False, failed=(*layer.failed, moved))
+        if layer.fits and compat.ROOT in compat.layer_rule(layer.component).hard
+        else layer
+        for layer in choice.layers
+    )
+    kept = tuple(layer.component for layer in layers if layer.fits)
+    if kept == choice.components:
+        return choice
+    lines = [layer.line() for layer in layers if layer.component in choice.components and not layer.fits]
+    if not kept:
+        why = f"no layer of {choice.entry.key[:16]} fits at this root: {'; '.join(lines)}; vLLM will compile from cold"
+        return Choice(choice.key, "miss", nearest=choice.nearest, warnings=(*choice.warnings[:-1], why))
+    said = f"at this root, {'; '.join(lines)}: those compile from cold too"
+    return replace(choice, components=kept, layers=layers, warnings=(*choice.warnings, said))
+
+
 def _nothing_for(
     store: Store, recipe: Recipe, node: Fingerprint, key: str, deadline: Deadline, trusted_keys: tuple
 ) -> Choice:
@@ -252,7 +281,7 @@ def fetch(
     signing.check_public_keys(trusted_keys)
     store = _open(store_url, deadline, store_options or {})
     check = _RecipeCheck(recipe)
-    node = check.around(lambda: _node(recipe, gpus, root))
+    node = check.around(lambda: _node(recipe, gpus))
     try:
         choice = choose(store, recipe, node, trusted_keys=tuple(trusted_keys), deadline=deadline)
     except (KeyboardInterrupt, SystemExit, Terminated, UsageError):
@@ -261,6 +290,7 @@ def fetch(
         check()  # but an unchecked recipe may be what failed: then its RecipeError
         why = f"no artifact chosen: unexpected {type(e).__name__}: {e}; vLLM will compile from cold"
         choice = Choice("", "error", warnings=(why,))
+    choice = _at_root(choice, str(root))
     entry = choice.entry if choice.status is None else None
     art = entry.artifact if entry else None
 
@@ -331,11 +361,11 @@ def fetch(
     )
 
 
-def _node(recipe: Recipe, gpus: Gpus | None, root: Path) -> Fingerprint:
-    """This node as choose sees it: the root is advisory for a whole artifact (the outlook says
-    what rebuilds) and decides the layers whose files hold absolute paths (compat.ROOT); a saved
-    fingerprint's GPUs stand in for this machine's."""
-    node = fingerprint.probe(root=root, model=recipe.model)
+def _node(recipe: Recipe, gpus: Gpus | None) -> Fingerprint:
+    """This node as choose sees it: the root is no part of what fits a whole artifact (the path
+    contract is the outlook's; a partial hit's is _at_root's); a saved fingerprint's GPUs stand in
+    for this machine's."""
+    node = fingerprint.probe(model=recipe.model)
     return node.with_gpus(gpus) if gpus is not None else node
 
 
