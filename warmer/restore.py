@@ -875,11 +875,13 @@ def _from_node(
 def _copy_checked(src: Path, dst: Path, e: archive.FileEntry) -> Path:
     """src copied to dst (a regular file, not through a link), hashed on the way: ArchiveError unless
     it is e (size and sha256); dst gets e's mode and mtime, as extraction gives them."""
+    if e.mode & ~archive.MODE_MASK:  # what extraction refuses, refused here too
+        raise archive.ArchiveError(f"artifact.json gives {e.path!r} mode {e.mode:o}: refused")
+    f = _open_regular(src)  # no link, no FIFO: a sibling root is anyone's on the node
+    if f is None:
+        raise archive.ArchiveError(f"{src} is not a regular file")
     dst.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with open(fd, "rb") as f, open(dst, "xb") as out:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise archive.ArchiveError(f"{src} is not a regular file")
+    with f, open(dst, "xb") as out:
         h, n = hashlib.sha256(), 0
         while chunk := f.read(archive.CHUNK):
             h.update(chunk)

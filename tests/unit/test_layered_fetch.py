@@ -142,3 +142,19 @@ def test_the_size_cap_holds_for_the_layers_together(tmp_path):
     got = fetch.fetch(tiny_recipe(), store, tmp_path / "node", max_bytes=cap)
     assert got.status == "error" and any("over the limit" in w for w in got.warnings), got.warnings
     assert restore.active(tmp_path / "node") is None
+
+
+def test_a_fifo_in_a_sibling_root_is_not_waited_on(tmp_path):
+    out, art, files = _pack(tmp_path)
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, out, layers=True)
+    base = tmp_path / "cache"
+    fetch.fetch(tiny_recipe(), store, base / "one")
+    rel = next(iter(SHARED))
+    (base / "one" / rel).unlink()
+    os.mkfifo(base / "one" / rel)  # opened for reading, a FIFO would block the copy forever
+
+    got = fetch.fetch(tiny_recipe(), store, base / "two")
+    assert got.status == "hit" and (base / "two" / rel).read_bytes() == files[rel]
+    component = "triton" if rel.startswith("triton/") else "flashinfer"
+    assert component not in got.restore.reused and got.restore.archive_bytes >= art.layer(component).size
