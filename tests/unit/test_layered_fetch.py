@@ -80,19 +80,26 @@ def test_a_layered_publish_fetches_layer_by_layer_and_a_second_root_takes_them_f
 
 
 
-def test_a_tampered_sibling_is_not_copied_and_the_layer_is_downloaded(tmp_path):
+@pytest.fixture
+def one_root(tmp_path):
+    """A layered artifact published, and fetched into BASE/one: (store, artifact, files, BASE, a
+    shared layer's file in BASE/one, that layer's component)."""
     out, art, files = _pack(tmp_path)
     store = open_store(f"file://{tmp_path / 'store'}")
     build.publish(store, out, layers=True)
     base = tmp_path / "cache"
-    fetch.fetch(tiny_recipe(), store, base / "one")
+    assert fetch.fetch(tiny_recipe(), store, base / "one").status == "hit"
     rel = next(iter(SHARED))
+    return store, art, files, base, rel, "triton" if rel.startswith("triton/") else "flashinfer"
+
+
+def test_a_tampered_sibling_is_not_copied_and_the_layer_is_downloaded(one_root):
+    store, art, files, base, rel, tampered = one_root
     victim = base / "one" / rel
     victim.write_bytes(b"\x7fELF not what was built" + bytes(len(files[rel]) - 23))  # same size, other bytes
 
     got = fetch.fetch(tiny_recipe(), store, base / "two")
     assert got.status == "hit"
-    tampered = "triton" if rel.startswith("triton/") else "flashinfer"
     assert tampered not in got.restore.reused and got.restore.archive_bytes == art.layer(tampered).size
     assert (base / "two" / rel).read_bytes() == files[rel]
 
@@ -144,17 +151,11 @@ def test_the_size_cap_holds_for_the_layers_together(tmp_path):
     assert restore.active(tmp_path / "node") is None
 
 
-def test_a_fifo_in_a_sibling_root_is_not_waited_on(tmp_path):
-    out, art, files = _pack(tmp_path)
-    store = open_store(f"file://{tmp_path / 'store'}")
-    build.publish(store, out, layers=True)
-    base = tmp_path / "cache"
-    fetch.fetch(tiny_recipe(), store, base / "one")
-    rel = next(iter(SHARED))
+def test_a_fifo_in_a_sibling_root_is_not_waited_on(one_root):
+    store, art, files, base, rel, component = one_root
     (base / "one" / rel).unlink()
     os.mkfifo(base / "one" / rel)  # opened for reading, a FIFO would block the copy forever
 
     got = fetch.fetch(tiny_recipe(), store, base / "two")
     assert got.status == "hit" and (base / "two" / rel).read_bytes() == files[rel]
-    component = "triton" if rel.startswith("triton/") else "flashinfer"
     assert component not in got.restore.reused and got.restore.archive_bytes >= art.layer(component).size
