@@ -15,7 +15,6 @@ publish  read the whole artifact back (every member against artifact.json), then
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -478,15 +477,10 @@ def _put_layer(store: Store, f, body: int, layer: Layer, path: Path) -> bool:
     """One layer's bytes of the artifact file f, checked against its digest, uploaded as its blob."""
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.{layer.component}.") as part:
         f.seek(body + layer.offset)
-        h, left = hashlib.sha256(), layer.size
-        while left:
-            chunk = f.read(min(left, 1 << 20))
-            if not chunk:
-                raise BuildError(f"not publishing {path}: it ends inside its {layer.component} layer")
-            h.update(chunk)
-            part.write(chunk)
-            left -= len(chunk)
-        if h.hexdigest() != layer.sha256:
+        digest, n = archive.copy_hashed(f, part.file, layer.size)
+        if n != layer.size:
+            raise BuildError(f"not publishing {path}: it ends inside its {layer.component} layer")
+        if digest != layer.sha256:
             raise BuildError(
                 f"not publishing {path}: its {layer.component} layer does not hash to the digest artifact.json gives"
             )

@@ -121,6 +121,16 @@ class Choice:
     components: tuple[str, ...] | None = None
     layers: tuple[explain.LayerFit, ...] = ()
 
+    def partial_line(self) -> str | None:
+        """On a partial hit, what it restores and why the rest compiles from cold (from layers)."""
+        if self.components is None or self.entry is None:
+            return None
+        left = "; ".join(layer.line() for layer in self.layers if not layer.fits)
+        return (
+            f"partial hit from the artifact built on {self.entry.artifact.fingerprint.describe()} "
+            f"(key {self.entry.key[:16]}): {', '.join(self.components)} fit this node; {left}: those compile from cold"
+        )
+
 
 def choose(store: Store, recipe: Recipe, node: Fingerprint, *, trusted_keys: tuple = (), deadline: Deadline) -> Choice:
     """One index lookup under this node's key, the entry's checks (its signature first), and the
@@ -169,24 +179,8 @@ def _part_of(
     fitting = tuple(layer.component for layer in layers if layer.fits)
     if not fitting:
         return None
-    if len(fitting) == len(layers):  # all of it fits: published under another key (an older warmer's rules)
-        return Choice(key, None, entry, decided, nearest, said, layers=layers)
-    left = [layer.line() for layer in layers if not layer.fits]
-    return Choice(
-        key,
-        None,
-        entry,
-        decided,
-        nearest,
-        warnings=(
-            *said,
-            f"partial hit from the artifact built on {entry.artifact.fingerprint.describe()} "
-            f"(key {entry.key[:16]}): {', '.join(fitting)} fit this node; "
-            f"{'; '.join(left)}: those compile from cold",
-        ),
-        components=fitting,
-        layers=layers,
-    )
+    whole = len(fitting) == len(layers)  # all of it fits: published under another key (an older warmer's rules)
+    return Choice(key, None, entry, decided, nearest, said, None if whole else fitting, layers)
 
 
 def _at_root(choice: Choice, root: str) -> Choice:
@@ -208,14 +202,11 @@ def _at_root(choice: Choice, root: str) -> Choice:
         for layer in choice.layers
     )
     kept = tuple(layer.component for layer in layers if layer.fits)
-    if kept == choice.components:
-        return choice
-    lines = [layer.line() for layer in layers if layer.component in choice.components and not layer.fits]
-    if not kept:
-        why = f"no layer of {choice.entry.key[:16]} fits at this root: {'; '.join(lines)}; vLLM will compile from cold"
-        return Choice(choice.key, "miss", nearest=choice.nearest, warnings=(*choice.warnings[:-1], why))
-    said = f"at this root, {'; '.join(lines)}: those compile from cold too"
-    return replace(choice, components=kept, layers=layers, warnings=(*choice.warnings, said))
+    if kept:
+        return replace(choice, components=kept, layers=layers)
+    lines = "; ".join(layer.line() for layer in layers if layer.component in choice.components)
+    why = f"no layer of {choice.entry.key[:16]} fits at this root: {lines}; vLLM will compile from cold"
+    return Choice(choice.key, "miss", nearest=choice.nearest, warnings=(*choice.warnings, why))
 
 
 def _nothing_for(
@@ -321,7 +312,8 @@ def fetch(
         components=choice.components,
         open_layer=open_layer if entry and entry.layered else None,
     )
-    warnings = [*check.notes, *choice.warnings, *activation.warnings]
+    partial = choice.partial_line() if choice.status is None else None
+    warnings = [*check.notes, *choice.warnings, *([partial] if partial else []), *activation.warnings]
     if not activation.active:
         art = None  # the env describes no artifact: nothing of a refused one (its cubins, no downloads)
         if offline or recipe.offline:

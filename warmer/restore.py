@@ -17,7 +17,6 @@ import ctypes
 import dataclasses
 import errno
 import fcntl
-import hashlib
 import io
 import json
 import logging
@@ -882,12 +881,8 @@ def _copy_checked(src: Path, dst: Path, e: archive.FileEntry) -> Path:
         raise archive.ArchiveError(f"{src} is not a regular file")
     dst.parent.mkdir(parents=True, exist_ok=True)
     with f, open(dst, "xb") as out:
-        h, n = hashlib.sha256(), 0
-        while chunk := f.read(archive.CHUNK):
-            h.update(chunk)
-            out.write(chunk)
-            n += len(chunk)
-    if n != e.size or h.hexdigest() != e.sha256:
+        digest, n = archive.copy_hashed(f, out)
+    if n != e.size or digest != e.sha256:
         dst.unlink()
         raise archive.ArchiveError(f"{src} is not the file artifact.json lists")
     os.chmod(dst, e.mode)

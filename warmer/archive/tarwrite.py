@@ -12,7 +12,7 @@ import stat
 import tarfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import IO, BinaryIO, NamedTuple
 
 import zstandard
 
@@ -22,11 +22,23 @@ from warmer.atomic import atomic_write
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return copy_hashed(f)[0]
+
+
+def copy_hashed(src: IO[bytes], dst: IO[bytes] | None = None, size: int | None = None) -> tuple[str, int]:
+    """(sha256, bytes) of what src holds from its position (size bytes at most, all when None),
+    copied onto dst on the way when given: one read for both the digest and the copy."""
+    h, n = hashlib.sha256(), 0
+    while size is None or n < size:
+        chunk = src.read(CHUNK if size is None else min(CHUNK, size - n))
+        if not chunk:
+            break
+        h.update(chunk)
+        if dst is not None:
+            dst.write(chunk)
+        n += len(chunk)
+    return h.hexdigest(), n
 
 
 def _member_header(name: str, size: int, mode: int, mtime_ns: int) -> bytes:
@@ -109,17 +121,11 @@ def pack_layers(
 
 def _sha256_range(f: BinaryIO, start: int, end: int) -> str:
     """The digest of bytes [start, end) of f, read back (a layer is hashed as it lies on disk)."""
-    h = hashlib.sha256()
     f.seek(start)
-    left = end - start
-    while left:
-        chunk = f.read(min(CHUNK, left))
-        if not chunk:
-            raise ArchiveError("the body ended while it was being hashed")
-        h.update(chunk)
-        left -= len(chunk)
-    f.seek(end)
-    return h.hexdigest()
+    digest, n = copy_hashed(f, size=end - start)
+    if n != end - start:
+        raise ArchiveError("the body ended while it was being hashed")
+    return digest
 
 
 def _members(root: Path, relpaths: Iterable[str], w: BinaryIO, buf: memoryview, entries: list[FileEntry]) -> None:
