@@ -856,7 +856,7 @@ def _from_node(
     a sibling root is shared with every pod of the node, so nothing in it is trusted. False, and
     nothing left in staging, when no root has it intact."""
     for other, marker in others:
-        held = marker.artifact.layer(layer.component)
+        held = next((x for x in marker.artifact.layers if x.component == layer.component), None)
         if held is None or held.sha256 != layer.sha256 or not marker.holds_component(layer.component):
             continue
         done: list[Path] = []
