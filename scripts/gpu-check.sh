@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# The prepared GPU check: warm into a root in a cold process, `warmer pack`, delete the root,
-# `warmer restore` it to the same path, run the same work again in a fresh process with nvcc
-# unreachable (a shadow CUDA_HOME whose bin/nvcc logs and fails), fresh HOME, XDG_CACHE_HOME and
-# TMPDIR, and a file census; then one line per check:
-#   CHECK name: cold X s, restored Y s, compiles N, new files M, PASS|FAIL
-# Results also go to $OUT/gpu-check.json when OUT is set. Exit 0 only when every check passed.
+# The prepared GPU check: warm into a root in a cold process, restart warm on that root (the
+# control: what every start redoes), `warmer pack`, delete the root, `warmer restore` it to the same
+# path, run the same work again in a fresh process with nvcc unreachable (a shadow CUDA_HOME whose
+# bin/nvcc logs and fails), fresh HOME, XDG_CACHE_HOME and TMPDIR, and a file census; then one line
+# per check, the restored run judged against the warm restart:
+#   CHECK name: cold X s, warm restart W s, restored Y s (Rx the warm restart), compiles N (warm
+#   restart N'), new files M (warm restart M'), PASS|FAIL
+# with what the warm restart redid listed under it ("every start redoes this: a cache does not
+# remove it", counter and seconds), and a phase table (interpreter start, import torch, CUDA
+# context, work, exit) per check and phase. Results also go to $OUT/gpu-check.json when OUT is set.
+# Exit 0 only when every check passed.
 #
-#   bash scripts/gpu-check.sh                 the H200 run (<= 8 min); --quick (<= 4 min)
+#   bash scripts/gpu-check.sh                 the H200 run (<= 8 min); --quick (<= 4.5 min)
 #   bash scripts/gpu-check.sh --cpu           the same flow on a CPU machine (FlashInfer built, not run)
 #   bash scripts/gpu-check.sh --negative[=CHECK]   delete CHECK's cache before the restored run: it must FAIL
-#   bash scripts/gpu-check.sh --reuse --negative   ... reusing the cold runs a previous run left
+#   bash scripts/gpu-check.sh --reuse --negative   ... reusing the cold runs and warm restarts a previous run left
 #
-# What the GPU machine lacks (flashinfer-python, apache-tvm-ffi, zstandard, warmer) travels as
-# wheels in .whl/ (`make gpu-wheels`, then carry .whl); they are installed here with
-# pip --no-index --no-deps --target. PYTHON picks the interpreter (default: python3, or
+# What the GPU machine lacks (flashinfer-python 0.7.0.post1 and apache-tvm-ffi 0.1.11 as vLLM 0.32
+# pins them, zstandard, warmer) travels as wheels in .whl/ (`make gpu-wheels`, then carry .whl);
+# they are installed here with pip --no-index --no-deps --target. WARMER_GPU_WHEELS picks another
+# set (FlashInfer 0.7.2.post1: see the Makefile). PYTHON picks the interpreter (default: python3, or
 # .venv/bin/python with --cpu, as scripts/gpu-accept.sh: `make install` puts warmer's deps there).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2

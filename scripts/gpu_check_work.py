@@ -13,17 +13,21 @@ VLLM_CACHE_ROOT, and there the layout is vLLM 0.32's.
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
-import math
-import os
-import sys
 import time
-import traceback
-from pathlib import Path
 
-TRITON_COMPILES = {"compiled": 0, "cache_hit": 0}
+T_FIRST_LINE = time.time()   # the phase table's end of interpreter start (gpu_check.py passes the spawn time)
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+TRITON_COMPILES = {"compiled": 0, "cache_hit": 0, "compile_s": 0.0}
+SPAWN_ENV = "WARMER_GPU_CHECK_SPAWN_TS"   # time.time() in the parent just before it started this process
 
 
 def _listen_to_triton() -> bool:
@@ -35,10 +39,43 @@ def _listen_to_triton() -> bool:
     if not hasattr(knobs, "compilation") or not hasattr(knobs.compilation, "listener"):
         return False
 
-    def listener(*, cache_hit: bool, **_):
+    def listener(*, cache_hit: bool, times=None, **_):
         TRITON_COMPILES["cache_hit" if cache_hit else "compiled"] += 1
+        if not cache_hit:   # CompileTimes.total is in microseconds
+            TRITON_COMPILES["compile_s"] += getattr(times, "total", 0) / 1e6
 
     knobs.compilation.listener = listener
+    return True
+
+
+REPLAYED: dict[str, int] = {}
+
+
+def _keep_replays_apart() -> bool:
+    """On an FX-graph-cache hit Inductor adds back the counters it recorded when the graph was
+    compiled (torch/_inductor/codecache.py, FxGraphCache.cache_hit_post_compile: `counters["inductor"]
+    += graph.counter_deltas`, torch 2.11 and 2.13; the AOTAutograd cache's hit calls it too), so a hit
+    shows select_algorithm_autotune, benchmarking.* and precompiles that nothing ran. What a hit adds
+    is kept here, and gpu_check.py's compiles() takes it off."""
+    try:
+        from torch._dynamo.utils import counters
+        from torch._inductor.codecache import FxGraphCache
+    except Exception:
+        return False
+    hit = FxGraphCache.__dict__.get("cache_hit_post_compile")
+    if not isinstance(hit, staticmethod):
+        return False
+    post_compile = hit.__func__
+
+    def keep_apart(*args, **kwargs):
+        before = counters["inductor"].copy()
+        try:
+            return post_compile(*args, **kwargs)
+        finally:
+            for k, v in (counters["inductor"] - before).items():
+                REPLAYED[k] = REPLAYED.get(k, 0) + v
+
+    FxGraphCache.cache_hit_post_compile = staticmethod(keep_apart)
     return True
 
 
@@ -46,6 +83,13 @@ def _torch_counters() -> dict:
     from torch._dynamo.utils import counters
     keep = ("inductor", "aot_autograd", "stats")
     return {group: {k: v for k, v in counters[group].items()} for group in keep if counters.get(group)}
+
+
+def _timed_sections() -> dict:
+    """Seconds torch spent in each dynamo_timed section (Inductor's autotuning and precompiling,
+    compile_fx_inner ...): what the re-work list prices a counter with."""
+    from torch._dynamo.utils import compilation_time_metrics
+    return {k: round(sum(v), 3) for k, v in compilation_time_metrics.items() if v}
 
 
 def _sync(device: str) -> None:
@@ -158,7 +202,9 @@ def aot_compile(device: str, quick: bool, r: dict) -> None:
         with torch._dynamo.config.patch(enable_aot_compile=True):
             compiled = torch.compile(model.forward, fullgraph=True, dynamic=False, backend="inductor",
                                      options=options)
+        t = time.monotonic()
         fn = compiled.aot_compile(((x,), {}))
+        r["aot_compile_s"] = round(time.monotonic() - t, 3)
         r["aot_compiled"] = 1
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -182,7 +228,7 @@ def _paged_kv(torch, lens, device):
     pages = [math.ceil(n / PAGE) for n in lens]
     indptr = torch.tensor([0] + [sum(pages[:i + 1]) for i in range(len(pages))], dtype=torch.int32, device=device)
     indices = torch.arange(sum(pages), dtype=torch.int32, device=device)
-    last = torch.tensor([n - (p - 1) * PAGE for n, p in zip(lens, pages)], dtype=torch.int32, device=device)
+    last = torch.tensor([n - (p - 1) * PAGE for n, p in zip(lens, pages, strict=True)], dtype=torch.int32, device=device)
     cache = torch.randn(sum(pages), 2, PAGE, HEADS_KV, HEAD_DIM, dtype=torch.float16, device=device)
     return indptr, indices, last, cache
 
@@ -258,34 +304,91 @@ def flashinfer_jit(device: str, quick: bool, r: dict) -> None:
     r["tolerance"] = 1e-2
 
 
+# vLLM 0.32 tunes at max_num_batched_tokens with FlashInfer's hybrid buckets; 128 tokens give the
+# eight power-of-two buckets 1 ... 128 (get_hybrid_num_tokens_buckets(128)).
+AUTOTUNE_TOKENS = 128
+
+
+def _autotune_cache_fingerprint(path: Path):
+    """vLLM 0.32's kernel_warmup._autotune_cache_fingerprint: the file's FlashInfer metadata and size."""
+    try:
+        configs = json.loads(path.read_text())
+        metadata = configs.pop("_metadata", None)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return json.dumps(metadata, sort_keys=True), len(configs)
+
+
 def flashinfer_autotune(device: str, quick: bool, r: dict) -> None:
-    """(d) FlashInfer's autotuner choosing a cuBLASLt algorithm for mm_bf16, persisted as vLLM 0.32 does
-    (vllm/model_executor/warmup/kernel_warmup.py): load_configs(file) if it exists, run under
-    autotune(tune_mode=True), save_configs(file) only when the tuner is dirty. The file lives where
-    vLLM puts it: VLLM_CACHE_ROOT/flashinfer_autotune_cache/<fi version>/<arch>/<hash>/."""
+    """(d) FlashInfer's autotuner choosing a cuBLASLt algorithm for mm_bf16, driven as vLLM 0.32 drives
+    it (vllm/model_executor/warmup/kernel_warmup.py, flashinfer_autotune, one rank):
+
+    - the file: resolve_flashinfer_autotune_file's VLLM_CACHE_ROOT/flashinfer_autotune_cache/<fi
+      version>/<arch>/<hash>/autotune_configs.json (or VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR/<hash>/),
+      renamed autotune_configs_dp{dp_rank}_rank{rank}.json;
+    - _all_ranks_have_matching_cache (world size 1: the file parses and has metadata), then
+      AutoTuner.load_configs(file), clear_cache() when it did not load;
+    - set_autotune_process_group(None); under torch.inference_mode() and
+      fi_utils.autotune(tune_mode=True), _run_flashinfer_autotune_dummy_runs: for each token count,
+      fi_utils.autotune(tuning_buckets=get_hybrid_num_tokens_buckets(n), round_up=True) around the
+      dummy run (here one mm_bf16 of n tokens);
+    - save_configs(file) only when the tuner is dirty.
+    fi_utils.autotune is FlashInfer's autotune (a lazy import); vLLM is not on the GPU machine."""
     if device != "cuda":
         r["skipped"] = "the autotuner profiles kernels on a GPU"
         return
-    import torch
     import flashinfer
-    from flashinfer.autotuner import AutoTuner, autotune
+    import torch
+    from flashinfer.autotuner import AutoTuner, autotune, set_autotune_process_group
+    from flashinfer.fused_moe.utils import get_hybrid_num_tokens_buckets
     from flashinfer.jit import env as jit_env
 
-    ws_dir = Path(jit_env.FLASHINFER_WORKSPACE_DIR)
-    path = (Path(os.environ["VLLM_CACHE_ROOT"]) / "flashinfer_autotune_cache" / ws_dir.parent.name / ws_dir.name
-            / hashlib.sha256(b"warmer-gpu-check mm_bf16 cublaslt").hexdigest() / "autotune_configs_dp0_rank0.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    r["flashinfer"] = flashinfer.__version__
+    override = os.environ.get("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")
+    if override:
+        root = Path(override).expanduser()
+    else:
+        ws_dir = Path(jit_env.FLASHINFER_WORKSPACE_DIR)
+        root = Path(os.environ["VLLM_CACHE_ROOT"]) / "flashinfer_autotune_cache" / ws_dir.parent.name / ws_dir.name
+    # vLLM hashes its config (flashinfer_autotune_cache_hash); the check's "config" is its op and shape.
+    out_dir = root / hashlib.sha256(f"warmer-gpu-check mm_bf16 cublaslt {AUTOTUNE_TOKENS}".encode()).hexdigest()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "autotune_configs.json"
+    dp_rank, rank = 0, 0
+    path = path.with_name(f"{path.stem}_dp{dp_rank}_rank{rank}{path.suffix}")
     r["autotune_file"] = str(path)
+
     tuner = AutoTuner.get()
-    r["autotune_loaded"] = bool(tuner.load_configs(str(path))) if path.exists() else False
-    tuned_before = sum(tuner.stats.tuned_op_successful_configs.values())
+    fingerprint = _autotune_cache_fingerprint(path)
+    r["autotune_file_matching"] = fingerprint is not None
+    r["autotune_file_entries"] = fingerprint[1] if fingerprint else 0
+    r["autotune_loaded"] = False
+    if fingerprint is not None:     # _all_ranks_have_matching_cache, world size 1
+        loaded = tuner.load_configs(str(path))
+        r["autotune_loaded"] = bool(loaded)
+        if not loaded:
+            tuner.clear_cache()
+    stats = tuner.stats
+    tuned_before = sum(stats.tuned_op_successful_configs.values())
     torch.manual_seed(0)
-    m, k, n = 128, 1024, 1024
-    a = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    k, n = 1024, 1024
+    a = torch.randn(AUTOTUNE_TOKENS, k, dtype=torch.bfloat16, device=device)
     b = torch.randn(n, k, dtype=torch.bfloat16, device=device).t()   # (k, n), column-major
-    with torch.inference_mode(), autotune(tune_mode=True):
-        flashinfer.mm_bf16(a, b, backend="cublaslt")
-    r["autotune_profiles_tuned"] = sum(tuner.stats.tuned_op_successful_configs.values()) - tuned_before
+    buckets = tuple(get_hybrid_num_tokens_buckets(AUTOTUNE_TOKENS))
+    r["autotune_buckets"] = list(buckets)
+    set_autotune_process_group(None)
+    t = time.monotonic()
+    try:
+        with torch.inference_mode(), autotune(tune_mode=True):
+            for num_tokens in (AUTOTUNE_TOKENS,):          # _flashinfer_autotune_token_counts
+                with autotune(tuning_buckets=buckets, round_up=True):
+                    flashinfer.mm_bf16(a[:num_tokens], b, backend="cublaslt")   # the dummy run
+        torch.cuda.synchronize()
+    finally:
+        set_autotune_process_group(None)
+    r["autotune_s"] = round(time.monotonic() - t, 3)
+    r["autotune_profiles_total"] = sum(stats.tuned_op_total_configs.values())
+    r["autotune_profiles_tuned"] = sum(stats.tuned_op_successful_configs.values()) - tuned_before
     r["autotune_dirty"] = bool(tuner._dirty)
     r["autotune_saved"] = False
     if tuner._dirty:
@@ -299,11 +402,62 @@ def flashinfer_autotune(device: str, quick: bool, r: dict) -> None:
     r["tolerance"] = 5e-2
 
 
+def triton_autotune(device: str, quick: bool, r: dict) -> None:
+    """(e) A Triton kernel under @triton.autotune, persisted as vLLM 0.32 persists it: vLLM sets
+    TRITON_CACHE_AUTOTUNING=1 at import (vllm/env_override.py), so the autotuner keeps each key's
+    timings as <kernel>.autotune.json in Triton's cache (triton/runtime/autotuner.py,
+    Autotuner.check_disk_cache), beside the kernels of every config it benchmarked. A restored start
+    reads the choice and loads its kernel: no benchmark, no compile."""
+    if device != "cuda":
+        r["skipped"] = "Triton's autotuner benchmarks kernels on a GPU"
+        return
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")   # read when the decorator builds the Autotuner
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.runtime import autotuner
+
+    benchmarks = [0]
+    bench = autotuner.Autotuner._bench
+
+    def counted(self, *args, **kwargs):
+        benchmarks[0] += 1
+        return bench(self, *args, **kwargs)
+
+    autotuner.Autotuner._bench = counted
+    configs = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((128, 4), (256, 4), (1024, 8))]
+
+    @triton.autotune(configs=configs, key=["n"])
+    @triton.jit
+    def scaled_add(x_ptr, y_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask)
+        y = tl.load(y_ptr + offs, mask=mask)
+        tl.store(out_ptr + offs, x * alpha + y, mask=mask)
+
+    torch.manual_seed(0)
+    n = 1 << 20
+    x = torch.randn(n, device=device)
+    y = torch.randn(n, device=device)
+    out = torch.empty_like(x)
+    t0 = time.time()
+    scaled_add[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n, 0.5)
+    torch.cuda.synchronize()
+    r["triton_autotune_s"] = round(time.time() - t0, 3)
+    r["triton_autotune_cache"] = bool(scaled_add.cache_results)
+    r["triton_autotune_benchmarks"] = benchmarks[0]
+    r["triton_autotune_choice"] = str(scaled_add.best_config)
+    r["max_err"] = float((out - (x * 0.5 + y)).abs().max())
+    r["tolerance"] = 1e-5
+
+
 WORKS = {
     "torch-compile": torch_compile,
     "aot-compile": aot_compile,
     "flashinfer-jit": flashinfer_jit,
     "flashinfer-autotune": flashinfer_autotune,
+    "triton-autotune": triton_autotune,
 }
 
 
@@ -314,8 +468,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    t0 = time.monotonic()
     r: dict = {"check": args.check, "device": args.device, "pid": os.getpid()}
+    # The phase table (gpu_check.py prints it): interpreter start (the parent's spawn to this
+    # script's first line), import torch, CUDA context, work; the parent adds the exit from end_ts.
+    phases: dict = {"interpreter_s": None, "import_s": None, "cuda_s": None, "work_s": None}
+    r["phases"] = phases
+    spawn = os.environ.get(SPAWN_ENV)
+    if spawn:
+        try:
+            phases["interpreter_s"] = round(T_FIRST_LINE - float(spawn), 3)
+        except ValueError:
+            pass
     try:
         import tempfile
         if os.environ.get("TMPDIR") and tempfile.gettempdir() != os.path.abspath(os.environ["TMPDIR"]):
@@ -327,10 +490,18 @@ def main(argv: list[str]) -> int:
         if args.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("CUDA is not available to torch: run with --cpu on a machine without a GPU")
         r["triton_listener"] = _listen_to_triton() if args.device == "cuda" else False
-        t1 = time.monotonic()
-        r["import_s"] = round(t1 - t0, 2)
+        r["replays_kept_apart"] = _keep_replays_apart()
+        t1 = time.time()
+        phases["import_s"] = round(t1 - T_FIRST_LINE, 3)
+        if args.device == "cuda":   # the context, timed on its own: a first tiny op, synchronized
+            torch.cuda.init()
+            torch.zeros(1, device="cuda").add_(1)
+            torch.cuda.synchronize()
+            t2 = time.time()
+            phases["cuda_s"] = round(t2 - t1, 3)
+            t1 = t2
         WORKS[args.check](args.device, args.quick, r)
-        r["work_s"] = round(time.monotonic() - t1, 2)
+        phases["work_s"] = round(time.time() - t1, 3)
     except Exception as e:
         r["error"] = f"{type(e).__name__}: {e}"
         r["traceback"] = traceback.format_exc()[-4000:]
@@ -339,7 +510,13 @@ def main(argv: list[str]) -> int:
             r["counters"] = _torch_counters()
         except Exception:
             r["counters"] = {}
-        r["triton"] = dict(TRITON_COMPILES)
+        try:
+            r["timings"] = _timed_sections()
+        except Exception:
+            r["timings"] = {}
+        r["replayed"] = {"inductor": dict(REPLAYED)}
+        r["triton"] = {k: round(v, 3) if isinstance(v, float) else v for k, v in TRITON_COMPILES.items()}
+        r["end_ts"] = time.time()   # the parent's exit phase: its wall clock at exit minus this
         Path(args.out).write_text(json.dumps(r, indent=1, default=str))
     return 1 if "error" in r else 0
 

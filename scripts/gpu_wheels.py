@@ -1,6 +1,6 @@
 """The wheels the GPU machine lacks for scripts/gpu-check.sh, in .whl/ (carried there; it has no network).
 
-    python scripts/gpu_wheels.py build [--python-version 3.12] [--dest .whl] [--max-mib 60]
+    python scripts/gpu_wheels.py build [--python-version 3.12] [--flashinfer 0.7.0.post1] [--dest .whl] [--max-mib 60]
     python scripts/gpu_wheels.py unpack --target DIR WHEEL...   (gpu-check.sh, where Python has no pip)
     python scripts/gpu_wheels.py device-site DIR   (tests: the GPU machine's packages, linked from here)
 
@@ -13,10 +13,18 @@ Everything else FlashInfer declares is left out; LEFT_OUT says why for each. `im
 and the ops the check runs need none of them (tests/unit/test_gpu_check.py installs this set into
 an environment holding only the GPU machine's packages and imports it).
 
-flashinfer-python's wheel is 59 MiB as PyPI deflates it: with the rest, over the 60 MiB the tool
-may carry. Each wheel is therefore rewritten with LZMA members (zipfile, which pip reads with,
-decompresses them): the same files, byte for byte, checked against the wheel's own RECORD hashes,
-in about 45 MiB. The set fails to build if it still exceeds --max-mib.
+Two FlashInfer versions (--flashinfer, FLASHINFER_SETS): 0.7.0.post1 with apache-tvm-ffi 0.1.11,
+what vLLM 0.32's CUDA wheel pins and so what a vLLM 0.32 user runs (the default); and 0.7.2.post1
+with apache-tvm-ffi 0.1.15.post2, the version warmer's jit extra installs here and the one the
+first H200 run measured. One set is carried per run: the two together exceed what the tool may carry
+(64 MiB with the tree). The second goes in a directory git ignores, e.g.
+`make gpu-wheels GPU_FLASHINFER=0.7.2.post1 GPU_WHEELS_DIR=build/gpu-wheels-0.7.2.post1`, and
+gpu-check.sh takes it with WARMER_GPU_WHEELS=build/gpu-wheels-0.7.2.post1 (carry that directory).
+
+flashinfer-python 0.7.2.post1's wheel is 59 MiB as PyPI deflates it (0.7.0.post1's 32 MiB): with
+the rest, over the 60 MiB the tool may carry. Each wheel is therefore rewritten with LZMA members
+(zipfile, which pip reads with, decompresses them): the same files, byte for byte, checked against
+the wheel's own RECORD hashes. The set fails to build if it still exceeds --max-mib.
 """
 
 from __future__ import annotations
@@ -39,14 +47,34 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Pinned: the versions warmer is developed and measured against (pyproject's jit extra, the
-# research notes). apache-tvm-ffi satisfies flashinfer-python's "<0.2,>=0.1.11".
-WANTED = ("flashinfer-python==0.7.2.post1", "apache-tvm-ffi==0.1.15.post2", "zstandard==0.25.0",
+class WheelError(Exception):
+    pass
+
+
+# FlashInfer and the TVM-FFI it loads its modules through, pinned per set. Both satisfy
+# flashinfer-python's "apache-tvm-ffi<0.2,>=0.1.11".
+FLASHINFER_SETS = {
+    # vLLM 0.32's CUDA wheel pins flashinfer-python==0.7.0.post1 and apache-tvm-ffi==0.1.11.
+    "0.7.0.post1": ("flashinfer-python==0.7.0.post1", "apache-tvm-ffi==0.1.11"),
+    # warmer's jit extra (pyproject) and the research notes; no vLLM 0.32 user runs it.
+    "0.7.2.post1": ("flashinfer-python==0.7.2.post1", "apache-tvm-ffi==0.1.15.post2"),
+}
+DEFAULT_FLASHINFER = "0.7.0.post1"
+COMMON = ("zstandard==0.25.0",
           # warmer validates every recipe it loads against its JSON Schema (warmer/recipe.py)
           "jsonschema==4.26.0", "jsonschema-specifications==2025.9.1", "referencing==0.37.0", "rpds-py==2026.9.1",
           "attrs==26.1.0")
 
-# flashinfer-python 0.7.2.post1 declares these; the check's imports and ops need none of them.
+
+def wanted(flashinfer: str = DEFAULT_FLASHINFER) -> tuple[str, ...]:
+    if flashinfer not in FLASHINFER_SETS:
+        raise WheelError(f"no wheel set for flashinfer {flashinfer!r}; choose from {', '.join(FLASHINFER_SETS)}")
+    return FLASHINFER_SETS[flashinfer] + COMMON
+
+
+WANTED = wanted()
+
+# flashinfer-python 0.7.0.post1 and 0.7.2.post1 declare these; the check's imports and ops need none.
 LEFT_OUT = {
     "ninja": "the GPU machine has ninja on PATH; the pip ninja would put another ninja first, and "
              "ninja's version is part of what a JIT cache depends on",
@@ -69,10 +97,6 @@ DEVICE_PACKAGES = ("torch", "triton", "requests", "tqdm", "jinja2", "filelock", 
                    "nvidia-ml-py", "pyyaml")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 MIB = 1024 * 1024
-
-
-class WheelError(Exception):
-    pass
 
 
 def _pip(*args: str) -> None:
@@ -126,8 +150,10 @@ def relzma(src: Path, dst: Path) -> dict:
     return {"files_checked": len(record)}
 
 
-def build(dest: Path, python_version: str, max_mib: float, cache: Path | None) -> dict:
+def build(dest: Path, python_version: str, max_mib: float, cache: Path | None,
+          flashinfer: str = DEFAULT_FLASHINFER) -> dict:
     """Download (and build warmer), rewrite, check the size; returns the manifest (also dest/SET.json)."""
+    want = wanted(flashinfer)
     if not re.fullmatch(r"3\.\d+", python_version):
         raise WheelError(f"--python-version wants MAJOR.MINOR, e.g. 3.12, not {python_version!r}")
     dest.mkdir(parents=True, exist_ok=True)
@@ -139,7 +165,7 @@ def build(dest: Path, python_version: str, max_mib: float, cache: Path | None) -
         plat = [a for p in PLATFORMS for a in ("--platform", p)]
         _pip("download", "--quiet", "--disable-pip-version-check", "--no-deps", "--only-binary=:all:",
              "--python-version", python_version, "--implementation", "cp", "--abi", abi, "--abi", "abi3",
-             "--abi", "none", *plat, "-d", str(raw), *WANTED)
+             "--abi", "none", *plat, "-d", str(raw), *want)
         # warmer itself, as a wheel (pure Python), built from a copy of this checkout's package so
         # that no build/ or egg-info is left in the tree.
         tree = Path(tmp, "src")
@@ -165,7 +191,8 @@ def build(dest: Path, python_version: str, max_mib: float, cache: Path | None) -
             wheels.append({"file": src.name, "bytes": (dest / src.name).stat().st_size,
                            "fetched_bytes": src.stat().st_size, "fetched_sha256": digest, **info})
     total = sum(w["bytes"] for w in wheels)
-    doc = {"python_version": python_version, "platforms": list(PLATFORMS), "wheels": wheels,
+    doc = {"python_version": python_version, "flashinfer": flashinfer, "wanted": list(want),
+           "platforms": list(PLATFORMS), "wheels": wheels,
            "total_bytes": total, "total_mib": round(total / MIB, 2), "max_mib": max_mib, "left_out": LEFT_OUT}
     (dest / "SET.json").write_text(json.dumps(doc, indent=1) + "\n")
     if total > max_mib * MIB:
@@ -218,6 +245,7 @@ def _norm(name: str) -> str:
 def closure(names) -> dict:
     """The installed distributions names need, with their requirements (extras not taken)."""
     from importlib import metadata
+
     from packaging.requirements import Requirement
     seen, todo, missing = {}, list(names), []
     while todo:
@@ -260,6 +288,8 @@ def main(argv: list[str]) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="download and check the wheel set")
     b.add_argument("--python-version", default="3.12")
+    b.add_argument("--flashinfer", default=DEFAULT_FLASHINFER, choices=sorted(FLASHINFER_SETS),
+                   help=f"which FlashInfer set (default {DEFAULT_FLASHINFER}, what vLLM 0.32 pins)")
     b.add_argument("--dest", type=Path, default=REPO / ".whl")
     b.add_argument("--max-mib", type=float, default=60.0)
     b.add_argument("--cache", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
@@ -272,10 +302,11 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     try:
         if args.cmd == "build":
-            doc = build(args.dest, args.python_version, args.max_mib, args.cache)
+            doc = build(args.dest, args.python_version, args.max_mib, args.cache, args.flashinfer)
             for w in doc["wheels"]:
                 print(f"{w['bytes'] / MIB:7.2f} MiB  {w['file']}  (as fetched or built: {w['fetched_bytes'] / MIB:.2f} MiB)")
-            print(f"{doc['total_mib']:7.2f} MiB  in {args.dest} for Python {args.python_version} "
+            print(f"{doc['total_mib']:7.2f} MiB  in {args.dest}: flashinfer {args.flashinfer} for Python "
+                  f"{args.python_version} "
                   f"(limit {args.max_mib:g} MiB); left out: {', '.join(LEFT_OUT)} (see {args.dest / 'SET.json'})")
         elif args.cmd == "unpack":
             print(f"unpacked {', '.join(unpack(args.wheels, args.target))} into {args.target}")

@@ -121,6 +121,22 @@ UNHASHED_ENGINE_ARGS = {
     "hf_token",
     "download_dir",
     "load_format",
+    # ObservabilityConfig's fields: its compute_hash has no factors (vllm/config/observability.py),
+    # e.g. the JIT monitor that scripts/gpu-accept.sh turns on (--jit-monitor-mode, --jit-monitor-verbose).
+    "show_hidden_metrics_for_version",
+    "otlp_traces_endpoint",
+    "collect_detailed_traces",
+    "per_request_spec_decode_metrics",
+    "kv_cache_metrics",
+    "kv_cache_metrics_sample",
+    "custom_histogram_buckets",
+    "cudagraph_metrics",
+    "enable_layerwise_nvtx_tracing",
+    "enable_mfu_metrics",
+    "enable_mm_processor_stats",
+    "enable_logging_iteration_details",
+    "jit_monitor_mode",
+    "jit_monitor_verbose",
 }
 
 

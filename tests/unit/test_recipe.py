@@ -348,3 +348,13 @@ def test_the_schema_and_the_store_agree_on_recipe_names():
     from warmer.store import NAME
 
     assert SCHEMA["properties"]["name"]["pattern"] == NAME.pattern
+
+
+def test_observability_flags_are_not_taken_for_compile_key_changes():
+    """vLLM hashes no ObservabilityConfig field into its compile key (config/observability.py:
+    compute_hash has no factors): the JIT monitor gpu-accept turns on must not read as a miss,
+    while an engine arg vLLM does hash still does."""
+    from warmer import serving
+
+    assert serving.hashed_extra_flags(["--jit-monitor-mode", "warn", "--jit-monitor-verbose", "--port", "8000"]) == []
+    assert serving.hashed_extra_flags(["--jit-monitor-mode=error", "--max-num-seqs", "8"]) == ["--max-num-seqs"]
