@@ -708,7 +708,8 @@ def parse(argv: list[str]):
     p.add_argument("--negative", nargs="?", const=DEFAULT_NEGATIVE, choices=ALL_LINES, metavar="CHECK",
                    help=f"delete CHECK's cache after the restore; CHECK must FAIL (default {DEFAULT_NEGATIVE})")
     p.add_argument("--reuse", action="store_true",
-                   help="reuse the cold runs, warm restarts and artifact a previous run left in --work (same mode)")
+                   help="reuse the cold runs, warm restarts and artifact a previous run left in --work (same "
+                   "mode, the same checks or some of them)")
     p.add_argument("--checks", help=f"comma-separated subset of {','.join(CHECKS)}")
     p.add_argument("--work", type=Path,
                    default=Path(os.environ.get("WARMER_GPU_CHECK_DIR")
@@ -754,8 +755,13 @@ def main(argv: list[str]) -> int:
     reused = False
     if opts.reuse and state_file.exists() and artifact.exists():
         state = json.loads(state_file.read_text())
-        if state.get("mode") == mode and "warm" in state:
-            cold, warm, report["pack"], reused = state["cold"], state["warm"], state["pack"], True
+        saved = state.get("mode", {})
+        # A subset of the saved run's checks reuses theirs (scripts/gpu-device-run.sh: one negative each).
+        if ({k: saved.get(k) for k in ("device", "quick")} == {"device": run.device, "quick": opts.quick}
+                and set(todo) <= set(saved.get("checks", ())) and "warm" in state):
+            cold = {c: state["cold"][c] for c in todo}
+            warm = {c: state["warm"][c] for c in todo}
+            report["pack"], reused = state["pack"], True
             print(f"gpu-check: reusing the cold runs, warm restarts and artifact in {opts.work}")
     if opts.reuse and not reused:
         print("gpu-check: nothing to reuse for this mode: running cold")

@@ -406,9 +406,12 @@ def test_cpu_run_passes_every_check_that_can_run_here(cpu_run):
 @cpu_flow
 @pytest.mark.parametrize("negative", ["flashinfer-jit", "torch-compile", "aot-compile"])
 def test_negative_control_fails_the_check_whose_cache_was_deleted(cpu_run, negative):
+    """The default negative runs every check: the others must still pass. The rest reuse the runs of
+    their own check only (--checks, as scripts/gpu-device-run.sh calls it on the GPU machine)."""
     work, first = cpu_run
     assert first.returncode == 0, first.stdout + first.stderr
-    args = ["--negative"] if negative == gpu_check.DEFAULT_NEGATIVE else [f"--negative={negative}"]
+    args = ["--negative"] if negative == gpu_check.DEFAULT_NEGATIVE else [f"--negative={negative}",
+                                                                         f"--checks={negative}"]
     proc = gpu_check_sh(work, "--cpu", "--reuse", *args)
     assert proc.returncode == gpu_check.EXIT_FAIL, proc.stdout + proc.stderr
     assert "reusing the cold runs, warm restarts" in proc.stdout
@@ -417,6 +420,9 @@ def test_negative_control_fails_the_check_whose_cache_was_deleted(cpu_run, negat
     assert int(lines[negative]["compiles"]) > 0 and int(lines[negative]["new"]) > 0
     assert (lines[negative]["warm_compiles"], lines[negative]["warm_new"]) == ("0", "0")   # the intact root
     assert f"NEGATIVE CONTROL {negative}: FAIL as expected" in proc.stdout
+    if negative != gpu_check.DEFAULT_NEGATIVE:
+        assert set(lines) == {negative, "cuda-ptx"}, proc.stdout
+        return
     # Only the deleted cache's check fails: the others still hit.
     for other in {"torch-compile", "aot-compile", "flashinfer-jit"} - {negative}:
         assert lines[other]["verdict"] == "PASS", proc.stdout
