@@ -86,6 +86,26 @@ class VerifyResult:
     cold: dict = field(hash=False)
     log: str = ""
     components: tuple[str, ...] | None = None  # a partial root's restored components (judged alone)
+    jit_monitor: dict = field(default_factory=dict, hash=False)  # warmup.jit_monitor of the run
+
+    @property
+    def certificate(self) -> str:
+        """Whether the workload compiled anything after warm-up, as vLLM's JIT monitor saw it. A
+        Triton event is a kernel's first use in the process, compiled or loaded: the file delta
+        says which."""
+        m = self.jit_monitor
+        if not m.get("active"):
+            return (
+                "JIT monitor: not on in this start (vLLM 0.32 switches it on in its GPU worker after "
+                "warm-up; not on CPU, nor with enforce_eager): no certificate"
+            )
+        if not m.get("events"):
+            return "JIT monitor: the workload compiled nothing after warm-up (no Triton, CuTe DSL or TileLang event)"
+        return (
+            f"JIT monitor: {m['events']} compile event(s) after warm-up ({'; '.join(m.get('examples', []))}): "
+            "shapes the warm-up did not cover, or kernels loaded late; the recipe's workload should cover "
+            "what is served"
+        )
 
     @property
     def speedup(self) -> dict:
@@ -104,6 +124,7 @@ class VerifyResult:
             "speedup": self.speedup,
             "log": self.log,
             "components": list(self.components) if self.components is not None else None,
+            "jit_monitor": {**self.jit_monitor, "certificate": self.certificate},
         }
 
 
@@ -149,4 +170,5 @@ def verify(
         cold or {},
         str(run.log_path),
         held,
+        warmup.jit_monitor(run.log_path.read_text(errors="replace")),
     )

@@ -43,6 +43,7 @@ TIMINGS = {
     "profiling_warmup_s": r"Initial profiling/warmup run took ([\d.]+) s",
     "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs",
 }
+JIT_EVENT = r"(?:Triton kernel|CuTeDSL|TileLang) JIT compilation during inference: [^\s(]+?(?=\.?(?:\s|$))"
 EVENTS = {
     # evidence of compiling
     "aot_load_failure": r"Compiling model again due to a load failure",
@@ -52,6 +53,12 @@ EVENTS = {
     # FlashInfer (flashinfer/jit/core.py build, jit/cubin_loader.py download)
     "flashinfer_jit_build": r"Building JIT module",
     "flashinfer_cubin_download": r"File downloaded successfully: |Fetching \S+ from http",
+    # vLLM's JIT monitor (vllm/utils/jit_monitor.py), on in its GPU worker after warm-up: each Triton,
+    # CuTe DSL or TileLang compile from then on (_handle_jit_event's "%s %s during inference"; warn
+    # mode logs each message once), and Triton's own line for an autotune its cache lacked.
+    "jit_monitor_activated": r"Kernel JIT monitor activated",
+    "jit_compile_after_warmup": JIT_EVENT,
+    "triton_autotune_after_warmup": r"Triton autotuning for function",
     # evidence of hits
     "aot_loaded": r"Directly load AOT compilation from path",
     "graph_loaded": r"Directly load the compiled graph",
@@ -169,6 +176,17 @@ def parse_log(text: str, result: dict | None = None, wall_s: float | None = None
         timings["cpu_compile_warmup_s"] = (t1 - t0).total_seconds()
     events = {name: len(re.findall(pattern, text)) for name, pattern in EVENTS.items()}
     return {"timings": timings, "events": events, "phases": phases(text, result, wall_s)}
+
+
+def jit_monitor(text: str) -> dict:
+    """What vLLM's JIT monitor said of a start: whether it was on, and each compile it saw after
+    warm-up (the first few, named), Triton autotunes included."""
+    events = re.findall(JIT_EVENT, text) + re.findall(r"Triton autotuning for function \S+?(?=,|$)", text, re.M)
+    return {
+        "active": bool(re.search(EVENTS["jit_monitor_activated"], text)),
+        "events": len(events),
+        "examples": [e.replace(" during inference", "") for e in events[:3]],
+    }
 
 
 def sandbox_env(sandbox: Path) -> dict[str, str]:

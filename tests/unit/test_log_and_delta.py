@@ -120,3 +120,35 @@ def test_the_report_names_what_a_cache_could_still_remove():
     assert "yes" in lines["Dynamo trace"] and "AOT compile" in lines["Dynamo trace"]
     assert "42.1 s" in lines["graph load or compile"] and "1.4 s" in lines["graph load or compile"]
     assert "no:" in lines["engine start"] and "processes" in lines["engine start"]
+
+
+# vLLM 0.32.0's JIT monitor on a GPU (utils/jit_monitor.py: activate's line, _handle_jit_event's
+# "%s %s during inference: %s%s. This causes ..."), and Triton 3.6's autotune line it turns on
+# (runtime/autotuner.py). Rendered from the format strings, not executed here.
+GPU_MONITOR = """\
+(Worker pid=1) INFO [jit_monitor.py:84] Kernel JIT monitor activated; monitored JIT compilations during inference will use mode=warn.
+(Worker pid=1) WARNING [jit_monitor.py:140] Triton kernel JIT compilation during inference: _fwd_kernel (constexprs={'BLOCK': 64}). This causes a latency spike; consider extending warmup to cover this shape/config.
+Triton autotuning for function _chunk_scan_fwd_kernel,
+with key as (2048, 'torch.float16'),
+finished after 1.52s,
+(Worker pid=1) WARNING [jit_monitor.py:140] CuTeDSL JIT compilation during inference: gemm_kernel. This causes a latency spike; consider extending warmup to cover this shape/config.
+"""
+
+
+def test_the_jit_monitor_certifies_only_a_start_it_watched():
+    watched = warmup.jit_monitor(GPU_MONITOR)
+    assert watched == {"active": True, "events": 3, "examples": [
+        "Triton kernel JIT compilation: _fwd_kernel", "CuTeDSL JIT compilation: gemm_kernel",
+        "Triton autotuning for function _chunk_scan_fwd_kernel"]}
+    assert warmup.parse_log(GPU_MONITOR)["events"]["jit_compile_after_warmup"] == 2
+
+    def certificate(monitor):
+        return verify.VerifyResult("hit", verify.FileDelta(0, 0, {}), (), {}, {}, {}, {}, {},
+                                   jit_monitor=monitor).certificate
+
+    assert certificate(watched).startswith("JIT monitor: 3 compile event(s) after warm-up (Triton kernel")
+    quiet = warmup.jit_monitor(GPU_MONITOR.splitlines()[0])
+    assert quiet["events"] == 0 and "compiled nothing after warm-up" in certificate(quiet)
+    # The CPU engine never switches it on: no certificate, however quiet the log.
+    assert warmup.jit_monitor(CPU_COLD) == {"active": False, "events": 0, "examples": []}
+    assert "not on in this start" in certificate(warmup.jit_monitor(CPU_COLD))

@@ -80,6 +80,7 @@ def report(v: VerifyResult) -> str:
         lines.append(f"  {len(v.outside_root)} file(s) written outside the root, e.g. {v.outside_root[0]['path']}")
     if v.log_recompiles:
         lines.append("  vLLM log: " + ", ".join(f"{k} x{n}" for k, n in v.log_recompiles.items()))
+    lines.append(f"  {v.certificate}")
     lines.append(timings_table(v.cold, v.restored))
     table = phases_table(v.cold, v.restored)
     if table:
