@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_python
 
 pytestmark = pytest.mark.e2e
 
@@ -80,46 +80,58 @@ def test_gpu_accept_script_passes_on_vllms_cpu_build(tmp_path):
     assert warm["requests"] == 20 and warm["declared"]["new_files"] == 0
 
 
+# vLLM's own code renders its monitor's lines in a child process: importing its workers here would
+# leave vLLM's imports (and the paths they add) in the test process for every later test.
+RENDER_MONITOR_LINES = r"""
+import inspect, json
+from triton.runtime import autotuner
+from vllm.utils import jit_monitor
+from vllm.v1.worker.cpu_worker import CPUWorker
+from vllm.v1.worker.gpu_worker import Worker
+
+lines = []
+
+class Log:
+    def warning(self, msg, *args):
+        lines.append("(EngineCore pid=7) WARNING 12-05 04:00:00 [jit_monitor.py:137] " + msg % args)
+
+    warning_once = warning
+
+jit_monitor.logger, jit_monitor._mode, jit_monitor._verbose = Log(), "warn", True
+jit_monitor._log_triton_jit_compile("_fwd_kernel", {"compile": {"constants": {}, "signature": {"x": "*bf16"}}})
+jit_monitor._log_cutedsl_jit_compile("gemm")
+jit_monitor._log_tilelang_jit_compile("topk", "cache_key=1")
+print(json.dumps({
+    "lines": lines,
+    "activate": inspect.getsource(jit_monitor.activate),
+    "autotune_print": "Triton autotuning for function {self.base_fn.__name__},\\n" in inspect.getsource(autotuner),
+    "gpu_activates": "_maybe_activate_jit_monitor" in inspect.getsource(Worker.compile_or_warm_up_model),
+    "cpu_activates": "_maybe_activate_jit_monitor" in inspect.getsource(CPUWorker.compile_or_warm_up_model),
+}))
+"""
+
+
 @pytest.mark.skipif(not HAVE_VLLM, reason="vLLM (the `cpu` extra) is not installed")
 def test_the_jit_monitor_lines_parse_as_vllm_and_triton_write_them(monkeypatch):
     """The certificate reads vLLM's own words: its monitor's message (vllm/utils/jit_monitor.py
     _handle_jit_event), its activation line, Triton's autotune print; and the CPU statement rests on
     the code: only the GPU worker activates the monitor."""
-    import inspect
-    import sys
-
-    from triton.runtime import autotuner
-    from vllm.utils import jit_monitor
-    from vllm.v1.worker.cpu_worker import CPUWorker
-    from vllm.v1.worker.gpu_worker import Worker
-
-    sys.path.insert(0, str(REPO / "scripts"))
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
     import gpu_accept
 
-    lines = []
+    from warmer import warmup
 
-    class Log:
-        def warning(self, msg, *args):
-            lines.append("(EngineCore pid=7) WARNING 12-05 04:00:00 [jit_monitor.py:137] " + msg % args)
-
-        warning_once = warning
-
-    monkeypatch.setattr(jit_monitor, "logger", Log())
-    monkeypatch.setattr(jit_monitor, "_mode", "warn")
-    monkeypatch.setattr(jit_monitor, "_verbose", True)
-    jit_monitor._log_triton_jit_compile("_fwd_kernel", {"compile": {"constants": {}, "signature": {"x": "*bf16"}}})
-    jit_monitor._log_cutedsl_jit_compile("gemm")
-    jit_monitor._log_tilelang_jit_compile("topk", "cache_key=1")
-    assert gpu_accept.JIT_ACTIVATED in inspect.getsource(jit_monitor.activate)
-    assert "Triton autotuning for function {self.base_fn.__name__},\\n" in inspect.getsource(autotuner)
-    lines.append("(EngineCore pid=7) Triton autotuning for function fused_moe_kernel,\nwith key as (1,),\n")
+    vllm = json.loads(run_python("-c", RENDER_MONITOR_LINES).stdout.splitlines()[-1])
+    assert gpu_accept.JIT_ACTIVATED in vllm["activate"] and vllm["autotune_print"]
+    lines = [*vllm["lines"], "(EngineCore pid=7) Triton autotuning for function fused_moe_kernel,\nwith key as (1,),\n"]
     raw = "\n".join(lines).encode()
     got = gpu_accept._jit_monitor(raw, {"ready": 0, "declared": len(raw)})["windows"]["declared"]
     assert [(e["kind"], e["kernel"]) for e in got] == [
         ("Triton", "_fwd_kernel"), ("CuTeDSL", "gemm"), ("TileLang", "topk"), ("autotune", "fused_moe_kernel")]
     assert got[0]["detail"].startswith("constexprs={}; signature={x='*bf16'}")
     assert gpu_accept._jit_counts(got) == "1 Triton compiles, 1 Triton autotunes, 1 CuTe DSL compiles, 1 TileLang compiles"
+    # warmer verify reads the same lines (warmup.jit_monitor).
+    assert warmup.jit_monitor(raw.decode())["events"] == 4
 
     # On CPU: CPUWorker overrides the warm-up without the activation the GPU worker does.
-    assert "_maybe_activate_jit_monitor" in inspect.getsource(Worker.compile_or_warm_up_model)
-    assert "_maybe_activate_jit_monitor" not in inspect.getsource(CPUWorker.compile_or_warm_up_model)
+    assert vllm["gpu_activates"] and not vllm["cpu_activates"]
