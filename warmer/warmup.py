@@ -161,8 +161,8 @@ def phases(text: str, result: dict | None = None, wall_s: float | None = None) -
 
 
 def parse_log(text: str, result: dict | None = None, wall_s: float | None = None) -> dict:
-    """Phase timings (seconds, the last value of each), event counts and the start's phases
-    (phases()) from a vLLM log."""
+    """Phase timings (seconds, the last value of each), event counts, the start's phases
+    (phases()) and what vLLM's JIT monitor said (jit_monitor()) from a vLLM log."""
     timings = {}
     for name, pattern in TIMINGS.items():
         found = re.findall(pattern, text)
@@ -175,7 +175,12 @@ def parse_log(text: str, result: dict | None = None, wall_s: float | None = None
         t0, t1 = (datetime.strptime(m.group(1), "%m-%d %H:%M:%S") for m in (start, done))
         timings["cpu_compile_warmup_s"] = (t1 - t0).total_seconds()
     events = {name: len(re.findall(pattern, text)) for name, pattern in EVENTS.items()}
-    return {"timings": timings, "events": events, "phases": phases(text, result, wall_s)}
+    return {
+        "timings": timings,
+        "events": events,
+        "phases": phases(text, result, wall_s),
+        "jit_monitor": jit_monitor(text),
+    }
 
 
 def jit_monitor(text: str) -> dict:

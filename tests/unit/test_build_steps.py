@@ -57,7 +57,7 @@ def engine(monkeypatch):
         workdir.mkdir(parents=True, exist_ok=True)
         log = warmup.engine_log(workdir, label)
         log.write_text("")
-        return warmup.EngineRun({"engine_init_s": 1.0}, {"timings": {}, "events": {}, "phases": {}}, 1.0, log,
+        return warmup.EngineRun({"engine_init_s": 1.0}, warmup.parse_log(""), 1.0, log,
                                 workdir / f"{label}.home")
 
     monkeypatch.setattr(warmup, "run_engine", run_engine)
