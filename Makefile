@@ -65,7 +65,7 @@ $(AWS_VENV)/bin/aws:
 LIMITS_ARGS ?=
 S3RVER := .s3rver/node_modules/.bin/s3rver
 # bench/layers.py's options (issue 30: layers in one store, a layer reused from another root, partial
-# hits on the GPU fixtures and on vLLM's CPU engine; about 10 minutes), e.g. LAYERS_ARGS="gpu" or
+# hits on the GPU fixtures and on vLLM's CPU engine; about 11 minutes), e.g. LAYERS_ARGS="gpu" or
 # LAYERS_ARGS="--trials 3".
 LAYERS_ARGS ?=
 

@@ -8,6 +8,16 @@ downloads when another root already holds a layer, and how much of a cold start 
     reuse    `warmer fetch` of recipe 2 into BASE/r2 with recipe 1 active in BASE/r1: bytes
              downloaded (restore.archive_bytes) and layers taken from r1, against recipe 2's whole
              artifact; then recipe 2 into BASE/r2-again, the control (every layer from r2, 0 bytes)
+    fi       the shared FlashInfer workspace (warmer/workspace.py) with the real nvcc: two recipes
+             (fi-a, fi-b: the tiny recipe renamed), each on a builder of its own at one root base
+             (WORKDIR/fi/cache, emptied between them): its root linked to the workspace, three JIT
+             modules (act_and_mul: silu, gelu, gelu_tanh) compiled for sm_90a in a python process,
+             `warmer pack` in that env, `warmer publish --layers`. Then a node at that base again:
+             `warmer fetch` of fi-a into BASE/fi-a, the modules loaded in its served env, fi-b into
+             BASE/fi-b, the modules loaded in its served env: seconds, bytes downloaded, whether
+             fi-b's FlashInfer layer was (it must be reused) and nvcc's compile calls, counted by a
+             CUDA_HOME whose bin/nvcc logs each call (0 on the node, else an error). The roots hold
+             FlashInfer's files only (no vLLM warm-up). Skipped without nvcc or flashinfer-python.
     gpu      each (build SKU, node SKU) pair of the GPU fixtures (tests/fixtures/nodes.py): which
              layers fit (compat.layer_fits) and the share of the GPU check's measured compile time
              they serve (FlashInfer's JIT; Inductor + Triton, one figure for both)
@@ -17,9 +27,10 @@ downloads when another root already holds a layer, and how much of a cold start 
              minus full hit) that the partial hit saves
 
 The model is the tiny one `make demo` and the e2e tests generate (warmer.tinymodel). The builds take
-about 1.5 minutes each on 2 vCPUs, the whole run about 10 (9.7 minutes on 5 December).
+about 1.5 minutes each on 2 vCPUs, the whole run about 10 (9.7 minutes on 5 December); the fi row
+builds its modules with nvcc, not the tiny model (a few minutes more).
 
-    python bench/layers.py [store reuse gpu cpu] [--trials 2] [--workdir .bench/layers] [--json .bench/layers.json]
+    python bench/layers.py [store reuse fi gpu cpu] [--trials 2] [--workdir .bench/layers] [--json .bench/layers.json]
 """
 
 from __future__ import annotations
@@ -37,8 +48,8 @@ import common  # noqa: E402
 from common import REPO, BenchError, load, measure, mib, rmtree, warmer  # noqa: E402
 
 sys.path.insert(0, str(REPO))
-from tests.fixtures import nodes  # noqa: E402
-from warmer import compat, components, explain, restore, verify, warmup  # noqa: E402
+from tests.fixtures import counted_nvcc, nodes  # noqa: E402
+from warmer import compat, components, explain, restore, serving, verify, warmup, workspace  # noqa: E402
 from warmer import recipe as recipes  # noqa: E402
 
 TINY = REPO / "manifests" / "models" / "tiny-llama-cpu.toml"
@@ -201,6 +212,120 @@ def reuse_table(r: dict, built: dict) -> str:
         share = f"{f['of_whole']:.3f}" if "of_whole" in f else ""
         lines.append(f"| {what} | {f['seconds']:.2f} | {f['archive_bytes']:,} | {share} | "
                      f"{', '.join(f['reused']) or 'none'} |")
+    return "\n".join(lines)
+
+
+# -- row 2b: a second recipe's FlashInfer modules (nvcc) on a node that holds the first -------------
+
+FI_RECIPES = ("fi-a", "fi-b")
+FI_ACTS = ("silu", "gelu", "gelu_tanh")  # act_and_mul modules: each compiled by nvcc on a builder
+FI_BUILD = ("from flashinfer.jit.activation import gen_act_and_mul_module\n"
+            f"for act in {FI_ACTS!r}:\n    gen_act_and_mul_module(act).build(verbose=False)\n")
+
+
+def fi_modules(home: Path, env: dict, cwd: Path) -> dict:
+    """FI_BUILD in a python process of its own: seconds, and nvcc's compile calls during it."""
+    before = counted_nvcc.compiles(home)
+    r = measure([sys.executable, "-c", FI_BUILD], env=env, cwd=cwd)
+    return {"seconds": r["seconds"], "nvcc_compiles": counted_nvcc.compiles(home) - before}
+
+
+def fi_row(a) -> dict:
+    wd = a.workdir / "fi"
+    rmtree(wd)
+    wd.mkdir(parents=True)
+    # Builders and node use one counted CUDA_HOME: it is in every compile command and the workspace's key.
+    got = (counted_nvcc.make(wd) if components.flashinfer.contract(Path("/nonexistent"), dict(os.environ))
+           else "flashinfer-python is not installed")
+    if isinstance(got, str):
+        return {"skipped": got}
+    home, jit = got
+    os.environ.setdefault("WARMER_TINY_MODEL", str(a.workdir / "model"))  # the recipes' model path: not read
+    base, store = wd / "cache", f"file://{wd / 'store'}"
+    env = {**os.environ, **jit}
+    text = TINY.read_text()
+    assert 'name = "tiny-llama-cpu"' in text
+    paths, arts, builders = {}, {}, {}
+    for name in FI_RECIPES:  # each on a builder of its own, at the same root base
+        paths[name] = wd / "recipes" / f"{name}.toml"
+        paths[name].parent.mkdir(parents=True, exist_ok=True)
+        paths[name].write_text(text.replace('name = "tiny-llama-cpu"', f'name = "{name}"'))
+        rmtree(base)
+        root = base / name
+        # What `warmer build` does before its warm-up (build._share_flashinfer).
+        recipe = recipes.load(paths[name])
+        ws = workspace.link(root, components.flashinfer.contract(root, serving.environ_for_vllm(recipe, root, env)))
+        built = fi_modules(home, {**env, **components.BY_NAME["flashinfer"].env_under(root)}, wd)
+        if built["nvcc_compiles"] == 0:
+            raise BenchError(f"the builder of {name} compiled nothing: the row proves nothing")
+        out = wd / "artifacts" / f"{name}.tar.zst"
+        pack = measure(warmer("pack", str(root), "--recipe", str(paths[name]), "-o", str(out), "--json"),
+                       env=env, cwd=REPO)
+        pub = measure(warmer("publish", str(out), "--store", store, "--layers", "--json"), cwd=REPO)
+        arts[name] = restore.read_artifact_file(out)
+        builders[name] = {**built, "workspace": str(ws), "pack_s": pack["seconds"], "publish_s": pub["seconds"],
+                          "artifact": str(out), "artifact_bytes": out.stat().st_size,
+                          "modules": list(arts[name].path_contract.flashinfer.modules),
+                          "layers": {layer.component: {"bytes": layer.size, "sha256": layer.sha256}
+                                     for layer in arts[name].layers},
+                          "publish": json.loads(pub["stdout"])}
+        print(f"  fi builder {name}: {built['nvcc_compiles']} nvcc compiles in {built['seconds']:.0f} s, "
+              f"artifact {mib(out.stat().st_size)} (load {load()})", file=sys.stderr)
+    rmtree(base)  # the node starts from nothing
+    a_fi, b_fi = (arts[n].layer("flashinfer") for n in FI_RECIPES)
+    if a_fi.sha256 == b_fi.sha256:
+        raise BenchError("the two builds packed one FlashInfer layer: the row proves nothing")
+    node = {}
+    for name in FI_RECIPES:
+        r = measure(warmer("fetch", str(paths[name]), "--store", store, "--root", str(base / name), "--json"),
+                    env=env, cwd=REPO)
+        doc = json.loads(r["stdout"])
+        if doc["status"] != "hit":
+            raise BenchError(f"fetch of {name}: {doc['status']}: {doc['warnings']}")
+        res = doc["restore"]
+        reused = res.get("reused", [])
+        loaded = fi_modules(home, {**env, **doc["env"]}, wd)  # the served env: FLASHINFER_WORKSPACE_BASE
+        node[name] = {"root": str(base / name), "seconds": r["seconds"], "archive_bytes": res.get("archive_bytes"),
+                      "reused": reused, "restore_status": res.get("status"),
+                      "flashinfer_layer_bytes": 0 if "flashinfer" in reused else arts[name].layer("flashinfer").size,
+                      "flashinfer": doc.get("flashinfer"), "warnings": doc["warnings"],
+                      "load_s": loaded["seconds"], "nvcc_compiles": loaded["nvcc_compiles"]}
+        print(f"  fi node {name}: {r['seconds']:.2f} s, {res.get('archive_bytes')} bytes, reused "
+              f"{', '.join(reused) or 'none'}; modules loaded with {loaded['nvcc_compiles']} nvcc compiles",
+              file=sys.stderr)
+    b = node["fi-b"]
+    if "flashinfer" not in b["reused"]:
+        raise BenchError(f"fi-b's FlashInfer layer was downloaded, not reused: {b['warnings']}")
+    if b["nvcc_compiles"]:
+        raise BenchError(f"loading the modules in fi-b's served env called nvcc {b['nvcc_compiles']} time(s)")
+    return {"modules": [f"{act}_and_mul" for act in FI_ACTS], "arch": jit["FLASHINFER_CUDA_ARCH_LIST"],
+            "cuda_home": os.path.realpath(home / "bin" / "nvcc"), "builders": builders, "node": node,
+            "fi_b": {"artifact_bytes": builders["fi-b"]["artifact_bytes"], "flashinfer_layer_bytes": b_fi.size,
+                     "flashinfer_sha256": b_fi.sha256, "fi_a_flashinfer_sha256": a_fi.sha256}}
+
+
+def fi_table(r: dict) -> str:
+    if "skipped" in r:
+        return f"skipped: {r['skipped']}"
+    b = r["fi_b"]
+    lines = [f"{len(r['modules'])} FlashInfer JIT modules ({', '.join(r['modules'])}) compiled by nvcc for "
+             f"{r['arch']} on each builder; fi-b's artifact file {b['artifact_bytes']:,} bytes, its FlashInfer layer "
+             f"{b['flashinfer_layer_bytes']:,} (sha256 {b['flashinfer_sha256'][:12]}, fi-a's "
+             f"{b['fi_a_flashinfer_sha256'][:12]})",
+             "", "| fetch | seconds | bytes downloaded | FlashInfer layer bytes downloaded | layers reused | "
+             "nvcc compiles on the node |", "|---|---:|---:|---:|---|---:|"]
+    for k, what in (("fi-a", "fi-a into BASE/fi-a (empty node)"), ("fi-b", "fi-b into BASE/fi-b (fi-a active)")):
+        f = r["node"][k]
+        lines.append(f"| {what} | {f['seconds']:.2f} | {f['archive_bytes']:,} | {f['flashinfer_layer_bytes']:,} | "
+                     f"{', '.join(f['reused']) or 'none'} | {f['nvcc_compiles']} |")
+    lines.append("\nbuilders (one after the other, same root base): "
+                 + "; ".join(f"{n} {x['nvcc_compiles']} nvcc compiles in {x['seconds']:.1f} s"
+                             for n, x in r["builders"].items())
+                 + "; on the node, the same modules loaded in "
+                 + "; ".join(f"{n}'s served env in {x['load_s']:.1f} s" for n, x in r["node"].items())
+                 + "; fetch's ninja dry run of the modules: "
+                 + ", ".join(f"{n} {'clean' if (x['flashinfer'] or {}).get('clean') else 'not clean'}"
+                             for n, x in r["node"].items()))
     return "\n".join(lines)
 
 
@@ -370,15 +495,15 @@ def cpu_table(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", nargs="*", help="rows: store, reuse, gpu, cpu (default: all four)")
+    p.add_argument("what", nargs="*", help="rows: store, reuse, fi, gpu, cpu (default: all five)")
     p.add_argument("--trials", type=int, default=2, help="CPU engine starts of each kind (default 2)")
     p.add_argument("--workdir", type=Path, default=Path(".bench/layers"))
     p.add_argument("--json", type=Path, default=Path(".bench/layers.json"))
     p.add_argument("--keep-builds", action="store_true",
                    help="reuse the builds (model, store, artifacts) an earlier run left in WORKDIR")
-    p.add_argument("--keep", action="store_true", help="keep the roots (node, cpu) at the end")
+    p.add_argument("--keep", action="store_true", help="keep the roots (node, cpu, fi) at the end")
     a = p.parse_args(argv)
-    kinds = ["store", "reuse", "gpu", "cpu"]
+    kinds = ["store", "reuse", "fi", "gpu", "cpu"]
     a.what = a.what or kinds
     if set(a.what) - set(kinds):
         p.error(f"unknown row(s) {sorted(set(a.what) - set(kinds))}: {', '.join(kinds)}")
@@ -391,6 +516,12 @@ def main(argv: list[str] | None = None) -> int:
         if "gpu" in a.what:
             results["gpu"] = gpu_row(a)
             print("\n## partial hits between GPU SKUs (fixture fingerprints)\n\n" + gpu_table(results["gpu"]))
+        if "fi" in a.what:
+            results["fi"] = fi_row(a)
+            if "skipped" in results["fi"]:
+                print(f"layers: fi skipped: {results['fi']['skipped']}", file=sys.stderr)
+            print("\n## a second recipe's FlashInfer modules on a node that holds the first\n\n"
+                  + fi_table(results["fi"]))
         if {"store", "reuse", "cpu"} & set(a.what):
             built = builds(a)
             results["builds"] = built
@@ -410,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         if not a.keep:
             rmtree(a.workdir / "node")
             rmtree(a.workdir / "cpu")
+            rmtree(a.workdir / "fi")
     results["load_after"] = os.getloadavg()
     results["seconds"] = time.perf_counter() - t0
     a.json.parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,19 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from warmer import archive, compat, components, fingerprint, progress, restore, serving, signing, verify, warmup
+from warmer import (
+    archive,
+    compat,
+    components,
+    fingerprint,
+    progress,
+    restore,
+    serving,
+    signing,
+    verify,
+    warmup,
+    workspace,
+)
 from warmer.artifact import Artifact, ComponentSummary, Layer, RecipeRef
 from warmer.atomic import atomic_write
 from warmer.contract import PathContract
@@ -199,12 +211,23 @@ def _warm_pack_verify(attempt: Attempt, target: Target) -> Verified:
 def warm(attempt: Attempt, target: Target) -> Warmed:
     """vLLM from cold into target.root, in a child process, with attempt.added on the recipe's env."""
     label = "cold" + attempt.suffix
+    _share_flashinfer(attempt, target.root)
     with progress.step(
         f"build: warm-up engine run from cold{' with ' + AOT_ENV + '=0' if attempt.added else ''} into {target.root}",
         log_file=warmup.engine_log(attempt.workdir, label),
     ):
         run = warmup.run_engine(attempt.recipe, target.root, attempt.workdir, label, extra_env=attempt.added)
     return Warmed(target, run, warmup.timings(run))
+
+
+def _share_flashinfer(attempt: Attempt, root: Path) -> None:
+    """FlashInfer's workspace in the node-wide one of its key (warmer/workspace.py), so that every
+    recipe served from this root base builds, and is served, at one path: a module built for one
+    serves the others. Without FlashInfer installed, the root keeps a directory of its own."""
+    env = serving.environ_for_vllm(attempt.recipe, root, {**os.environ, **attempt.added})
+    fi = components.flashinfer.contract(root, env)
+    if fi is not None:
+        workspace.link(root, fi)
 
 
 def pack(attempt: Attempt, warmed: Warmed) -> Packed:

@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from warmer import archive, components, signing
+from warmer import archive, components, signing, workspace
 from warmer.artifact import Artifact, ArtifactError, Layer
 from warmer.deadline import Deadline, DeadlineExceeded
 from warmer.errors import Terminated, UsageError, WarmerError
@@ -84,7 +84,7 @@ class Marker:
         return self.components is None or _in_components(rel, self.components)
 
     def holds_component(self, name: str) -> bool:
-        return self.components is None or name in self.components
+        return marker_holds(self.components, name)
 
     @property
     def bytes_held(self) -> int:
@@ -138,6 +138,11 @@ class Marker:
         )
 
 
+def marker_holds(names: tuple[str, ...] | None, component: str) -> bool:
+    """Whether a restore of names (None: the whole artifact) holds component."""
+    return names is None or component in names
+
+
 def _in_components(rel: str, names: tuple[str, ...]) -> bool:
     owner = components.of_path(rel)
     return owner is not None and owner.name in names
@@ -182,8 +187,15 @@ def still_intact(marker: Marker, root: Path, trusted_keys=()) -> str | None:
         except signing.SignatureError as e:
             return f"its marker's artifact.json is not signed by a trusted key ({e})"
     base = str(root)
+    shared = workspace.Workspace.of(marker.artifact, root) if marker.holds_component("flashinfer") else None
+    if shared is not None:  # its FlashInfer files are the shared workspace's units, from any artifact of its key
+        if not shared.linked(root):
+            return f"{root}/{components.flashinfer.SUBDIR} is not the link to {shared.path}"
+        lost = shared.missing(marker.artifact.files, hashed=False, trusted_keys=tuple(trusted_keys))
+        if lost:
+            return f"the shared FlashInfer workspace {shared.path} lacks {len(lost)} of its unit(s) ({lost[0]})"
     for path, size in marker.artifact.files.sizes():
-        if not marker.holds(path):
+        if not marker.holds(path) or (shared is not None and path.startswith(workspace.PREFIX)):
             continue
         try:
             st = os.lstat(os.path.join(base, path))  # not pathlib: 10,000 of them
@@ -475,8 +487,9 @@ def prepare(root: Path, owner: tuple[int, int] | None = None) -> str | None:
     dirs = _writes_into(root)
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
-    if owner and os.geteuid() == 0:  # each directory from root down to every cache directory
-        for path in {p for d in dirs for p in (d, *d.parents) if p.is_relative_to(root)}:
+    if owner and os.geteuid() == 0:  # each directory from root (or a shared workspace) down to every cache directory
+        tops = [root, *(Path(os.path.realpath(root / components.flashinfer.SUBDIR)).parents[:1])]
+        for path in {p for d in dirs for p in (d, *d.parents) if any(p.is_relative_to(t) for t in tops)}:
             os.lchown(path, *owner)
     return unwritable(root, owner, dirs)
 
@@ -503,7 +516,9 @@ class RestoreResult:
     files: int | None = None
     bytes: int | None = None
     archive_bytes: int | None = None  # what was read from the store (0 for a layer found on the node)
-    reused: tuple[str, ...] | None = None  # layers taken from another root of this node, not downloaded
+    reused: tuple[str, ...] | None = (
+        None  # layers taken from this node (another root, the shared FlashInfer workspace), not downloaded
+    )
 
     def to_json(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items() if v is not None}
@@ -538,7 +553,9 @@ def restore(
     same key (decided under the lock, from the one read of the marker). components: a partial hit,
     only these components' files are activated (every file is still checked on the way).
     open_layer: a layered artifact's store: each layer activated is read on its own (only those of
-    components), or taken from another root of this node that holds it (no download).
+    components), or taken from another root of this node that holds it (no download). An artifact
+    built in the shared FlashInfer workspace beside root (warmer/workspace.py) has its FlashInfer
+    files moved there, and root's flashinfer/ linked to it.
     """
     root = check_root(root)
     check_owner(owner)
@@ -577,10 +594,13 @@ def restore(
             try:
                 staging.mkdir()
                 bar = Progress(f"restore {art.key[:12]}", art.total_bytes) if progress else None
+                shared = workspace.Workspace.of(art, root) if marker_holds(components, "flashinfer") else None
                 try:
                     reused: tuple[str, ...] = ()
                     if open_layer is not None and art.layers:
-                        got, reused = _extract_layers(art, open_layer, root, staging, components, max_bytes, bar)
+                        got, reused = _extract_layers(
+                            art, open_layer, root, staging, components, max_bytes, bar, shared, tuple(trusted_keys)
+                        )
                     else:
                         got = _extract(art, open_archive, staging, archive_sha256, max_bytes, bar)
                         if components is not None:
@@ -588,6 +608,8 @@ def restore(
                 finally:
                     if bar:
                         bar.close()
+                if shared is not None:
+                    _into_workspace(shared, art, staging, signature, tuple(trusted_keys), lock_timeout, owner, deadline)
                 done = Marker(
                     art, got.archive_sha256, datetime.now(UTC).isoformat(timespec="seconds"), signature, components
                 )
@@ -809,9 +831,12 @@ def _extract_layers(
     names: tuple[str, ...] | None,
     max_bytes: int,
     bar=None,
+    shared: workspace.Workspace | None = None,
+    trusted_keys: tuple = (),
 ) -> tuple[archive.Extracted, tuple[str, ...]]:
     """The layers of art (those of names, or all) into staging, each from another root of this node
-    that holds it intact, or else read from the store on its own."""
+    that holds it intact, or else read from the store on its own. shared: the workspace the
+    FlashInfer layer goes to; when it holds every unit of the layer intact, nothing is read."""
     by_component: dict[str, list[archive.FileEntry]] = {}
     for e in art.files:
         owner = components.of_path(e.path)
@@ -827,7 +852,10 @@ def _extract_layers(
     others = _other_roots(root)
     for layer in chosen:
         entries = by_component.get(layer.component, [])
-        if _from_node(others, layer, entries, staging):
+        into = shared if layer.component == components.flashinfer.COMPONENT.name else None
+        if into is not None and not into.missing(entries, hashed=True, trusted_keys=trusted_keys):
+            reused.append(layer.component)  # W holds every unit intact, built for any recipe of its key
+        elif into is None and _from_node(others, layer, entries, staging):
             reused.append(layer.component)
         else:
             part = archive.FileList.of(entries)
@@ -837,6 +865,32 @@ def _extract_layers(
     for c in components.ALL:
         (staging / c.subdir).mkdir(exist_ok=True)
     return archive.Extracted(files, nbytes, "layers", downloaded), tuple(reused)
+
+
+def _into_workspace(
+    shared: workspace.Workspace,
+    art: Artifact,
+    staging: Path,
+    signature: signing.Signature | None,
+    trusted_keys: tuple,
+    lock_timeout: float,
+    owner: tuple[int, int] | None,
+    deadline: Deadline | None,
+) -> None:
+    """art's FlashInfer files, extracted into staging, moved into the shared workspace where it
+    lacks them (under its lock: two recipes restore at once), and staging's flashinfer/ made the
+    link to it. ArchiveError, and nothing activated, when it still lacks a unit of art."""
+    staged = staging / components.flashinfer.SUBDIR
+    shared.real_dir(shared.path)
+    with locked(shared.top, lock_timeout, owner, deadline):
+        shared.adopt(staged, art, signature, trusted_keys)
+        lost = shared.missing(art.files, hashed=False, trusted_keys=trusted_keys)
+        if owner and os.geteuid() == 0:
+            _chown_tree(shared.top, owner)  # vLLM writes there: FlashInfer's locks, its log, new modules
+    if lost:
+        raise archive.ArchiveError(f"the shared FlashInfer workspace {shared.path} lacks {lost[0]} after the restore")
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.symlink_to(workspace.target(shared.top.name))
 
 
 def _other_roots(root: Path) -> list[tuple[Path, Marker]]:

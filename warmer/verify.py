@@ -23,7 +23,7 @@ from warmer.recipe import Recipe
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
     """(size, mtime_ns) of every file under root, by root-relative path."""
     out = {}
-    for dirpath, _, filenames in os.walk(root):
+    for dirpath, _, filenames in os.walk(root, followlinks=True):  # into a shared FlashInfer workspace
         for fn in filenames:
             full = os.path.join(dirpath, fn)
             try:

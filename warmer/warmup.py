@@ -224,7 +224,7 @@ def census(root: Path, files: list[tuple[str, int]], sandbox: Path | None) -> tu
 
 def _files(base: Path) -> list[tuple[str, int]]:
     found = []
-    for dirpath, _, filenames in os.walk(base):
+    for dirpath, _, filenames in os.walk(base, followlinks=True):  # into a shared FlashInfer workspace
         for fn in filenames:
             full = os.path.join(dirpath, fn)
             try:

@@ -51,6 +51,15 @@ class JitWorkspace(Component):
             return {"FLASHINFER_CUBIN_DIR": str(root / CUBINS.rstrip("/"))}
         return {}
 
+    def env_under(self, root: Path) -> dict[str, str]:
+        """Through the link to a shared workspace (warmer/workspace.py), its real path: FlashInfer
+        writes the base as given into build.ninja, and ninja rebuilds for any other spelling."""
+        here = root / self.subdir
+        if not here.is_symlink():
+            return super().env_under(root)
+        real = Path(os.path.realpath(here))
+        return {var: str(real / Path(rel).relative_to(self.subdir)) for var, rel in self.env}
+
     def check(self, root: Path, env: Mapping[str, str], built: PathContract) -> Check:
         """The env, the paths FlashInfer's JIT modules were built against (their contract) against
         this node's, and ninja's dry run of every restored module, in the env vLLM starts with."""

@@ -1,0 +1,242 @@
+"""The node's shared FlashInfer workspace (warmer/workspace.py): recipes whose roots sit side by side
+build and serve FlashInfer in one workspace per key, so a second recipe takes the JIT modules the
+first one restored, downloading nothing for them. Real pack, real file store, real restore; the
+first test builds its module for real with nvcc (sm_90a), the others use module-shaped files."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import _tiny_doc, make_cache_tree, run_python
+from tests.fixtures import counted_nvcc
+from warmer import build, components, fetch, restore, workspace
+from warmer.components import flashinfer
+from warmer.recipe import parse
+from warmer.store import open_store
+
+CUDA_HOME = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+HAS_FLASHINFER = flashinfer.contract(Path("/nonexistent"), dict(os.environ)) is not None
+pytestmark = pytest.mark.skipif(not HAS_FLASHINFER, reason="flashinfer-python is not installed")
+MODULE_DIR = "flashinfer/.cache/flashinfer/0.7.0.post1/90a"
+
+
+def recipe(name):
+    return parse({**_tiny_doc("/models/tiny", {}), "name": name}, Path(f"{name}.toml"))
+
+
+def _pack(root, name, files, out, env=None):
+    """What `warmer build` does around its warm-up: root's flashinfer/ linked to the shared
+    workspace of this toolchain (build._share_flashinfer), files written (through the link), pack."""
+    saved = dict(os.environ)
+    os.environ.update(env or {})  # pack records the FlashInfer contract in the build's env
+    try:
+        workspace.link(root, flashinfer.contract(root, dict(os.environ)))
+        for rel, data in files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes(data)
+        return build.pack_root(root, recipe(name), out)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _module(name, so):
+    return {
+        f"{MODULE_DIR}/cached_ops/{name}/build.ninja": f"rule nvcc\n# {name}\n".encode(),
+        f"{MODULE_DIR}/cached_ops/{name}/{name}.so": so,
+        f"{MODULE_DIR}/generated/{name}.cu": f"// {name}\n".encode(),
+    }
+
+
+@pytest.fixture
+def node(tmp_path):
+    """Two recipes built on two builders at the same root base (each packs its own copy of the module
+    silu_and_mul, other bytes) and published layered; the node's root base is that path again:
+    (store, base, artifact of a, artifact of b, b's files)."""
+    base = tmp_path / "cache"
+    store = open_store(f"file://{tmp_path / 'store'}")
+    arts, files = {}, {}
+    for name, extra in (("a", {}), ("b", _module("gelu_and_mul", os.urandom(30_000)))):
+        files[name] = {**_module("silu_and_mul", os.urandom(50_000)), **extra}
+        make_cache_tree(base / name)
+        arts[name] = _pack(base / name, name, files[name], tmp_path / f"{name}.tar.zst")
+        build.publish(store, tmp_path / f"{name}.tar.zst", layers=True)
+        shutil.rmtree(base)  # the next builder, and then the node, start from nothing
+    return store, base, arts["a"], arts["b"], files["b"]
+
+
+def test_a_build_packs_its_flashinfer_files_from_the_shared_workspace(node):
+    _, base, a, _, _ = node
+    fi = a.path_contract.flashinfer
+    assert Path(fi.workspace_base).parent.parent == base.resolve() / workspace.SHARED
+    assert fi.modules == ("silu_and_mul",)
+    assert f"{MODULE_DIR}/cached_ops/silu_and_mul/silu_and_mul.so" in a.files.by_path()
+
+
+def test_a_second_recipe_takes_the_modules_the_first_restored_and_downloads_nothing_for_them(node):
+    store, base, a, b, b_files = node
+    first = fetch.fetch(recipe("a"), store, base / "a")
+    assert first.status == "hit" and "flashinfer" not in (first.restore.reused or ()), first.warnings
+    ws = Path(os.path.realpath(base / "a" / "flashinfer"))
+    assert (base / "a" / "flashinfer").is_symlink() and ws.parent.parent == base.resolve() / workspace.SHARED
+
+    # b's FlashInfer layer holds a module W lacks (gelu_and_mul): it is downloaded, and only what W lacks moves in.
+    second = fetch.fetch(recipe("b"), store, base / "b")
+    assert second.status == "hit" and "flashinfer" not in (second.restore.reused or ())
+    so = f"{MODULE_DIR}/cached_ops/silu_and_mul/silu_and_mul.so"
+    assert (base / "b" / so).read_bytes() != b_files[so]  # a's build of it stayed: it was intact
+    assert (base / "b" / so).read_bytes() == (base / "a" / so).read_bytes()
+    assert second.env.vars["FLASHINFER_WORKSPACE_BASE"] == str(ws)
+
+    # Both roots stay intact (a's files are W's own), and b again is a no-op.
+    for name in ("a", "b"):
+        assert fetch.fetch(recipe(name), store, base / name).restore.status == "already-active"
+
+    # A third root of b on the node (fetch --all's case): the FlashInfer layer costs 0 bytes.
+    third = fetch.fetch(recipe("b"), store, base / "b2")
+    assert third.status == "hit" and "flashinfer" in third.restore.reused
+    assert third.restore.archive_bytes == 0  # every other layer was on the node too
+
+
+def test_a_damaged_unit_is_replaced_from_the_artifact_not_reused(node):
+    store, base, a, b, b_files = node
+    assert fetch.fetch(recipe("a"), store, base / "a").status == "hit"
+    so = base / "a" / f"{MODULE_DIR}/cached_ops/silu_and_mul/silu_and_mul.so"
+    so.write_bytes(b"\x7fELF planted" + bytes(so.stat().st_size - 12))  # same size, other bytes
+
+    got = fetch.fetch(recipe("b"), store, base / "b")
+    assert got.status == "hit" and "flashinfer" not in (got.restore.reused or ())
+    rel = f"{MODULE_DIR}/cached_ops/silu_and_mul/silu_and_mul.so"
+    assert (base / "b" / rel).read_bytes() == b_files[rel]
+    # a's root now serves b's build of the module: one build of the key is as good as another.
+    assert fetch.fetch(recipe("a"), store, base / "a").restore.status == "already-active"
+
+
+def test_an_origin_that_does_not_hash_to_its_name_makes_its_units_untrusted(node):
+    store, base, a, b, b_files = node
+    assert fetch.fetch(recipe("a"), store, base / "a").status == "hit"
+    top = Path(os.path.realpath(base / "a" / "flashinfer")).parent
+    origin = top / "origins" / f"{a.id}.json"
+    origin.write_bytes(origin.read_bytes().replace(b'"a"', b'"x"', 1))
+
+    shared = workspace.Workspace(top)
+    assert shared.missing(a.files, hashed=False)  # a's units have no origin to be checked against
+    got = fetch.fetch(recipe("a"), store, base / "a")
+    assert got.restore.status == "restored"  # not taken as intact: restored again
+    assert not shared.missing(a.files, hashed=True)
+
+
+def test_a_single_blob_artifact_goes_into_the_workspace_too(tmp_path):
+    base = tmp_path / "cache"
+    files = _module("silu_and_mul", os.urandom(20_000))
+    out = tmp_path / "a.tar.zst"
+    art = _pack(base / "a", "a", files, out)
+    shutil.rmtree(base)
+    root = restore.restore_file(out, base / "a")
+    assert root.status == "restored" and (base / "a" / "flashinfer").is_symlink()
+    ws = workspace.Workspace.of(art, base / "a")
+    assert ws is not None and not ws.missing(art.files, hashed=True)
+    assert restore.still_intact(restore.active(base / "a"), base / "a") is None
+    # The link is part of the root: a root whose flashinfer/ is a directory again is not intact.
+    (base / "a" / "flashinfer").unlink()
+    (base / "a" / "flashinfer").mkdir()
+    assert "is not the link" in restore.still_intact(restore.active(base / "a"), base / "a")
+
+
+def test_an_artifact_built_in_its_root_restores_as_before(tmp_path):
+    """Artifacts of an older warmer (the workspace inside the root) restore into the root itself."""
+    src = tmp_path / "src" / "a"
+    files = _module("silu_and_mul", os.urandom(20_000))
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    art = build.pack_root(src, recipe("a"), tmp_path / "a.tar.zst")
+    assert workspace.Workspace.of(art, src) is None
+    shutil.rmtree(src)
+    restore.restore_file(tmp_path / "a.tar.zst", src)
+    assert (src / "flashinfer").is_dir() and not (src / "flashinfer").is_symlink()
+    assert not (src.parent / workspace.SHARED).exists()
+
+
+def test_another_root_base_restores_the_workspace_into_the_root(node, tmp_path):
+    """A node whose roots sit elsewhere than the build's cannot share the build's path: the files go
+    into the root, as for an older artifact (and the outlook says FlashInfer rebuilds)."""
+    store, base, a, b, b_files = node
+    elsewhere = tmp_path / "elsewhere" / "a"
+    got = fetch.fetch(recipe("a"), store, elsewhere)
+    assert got.status == "hit" and (elsewhere / "flashinfer").is_dir()
+    assert not (elsewhere / "flashinfer").is_symlink()
+    assert any("workspace real path" in w for w in got.warnings)
+
+
+# -- the real thing: nvcc builds the module for sm_90a on two builders, the node calls nvcc 0 times --
+
+@pytest.fixture(scope="module")
+def counted_cuda(tmp_path_factory):
+    got = counted_nvcc.make(tmp_path_factory.mktemp("nvcc"), CUDA_HOME)
+    if isinstance(got, str):
+        pytest.skip(got)
+    return got
+
+
+BUILD = ("from flashinfer.jit.activation import gen_act_and_mul_module\n"
+         "gen_act_and_mul_module('silu').build(verbose=False)\n")
+
+
+def test_a_second_recipe_reuses_the_first_ones_nvcc_built_module_with_0_bytes_and_0_nvcc_calls(
+    tmp_path, counted_cuda
+):
+    """#30's Done-when: two recipes, each built on its own builder (nvcc compiles silu_and_mul for
+    sm_90a twice, so the two FlashInfer layers differ), published layered. On the node, the second
+    recipe's FlashInfer layer is not downloaded, and loading the module there calls nvcc 0 times."""
+    home, jit_env = counted_cuda
+    base = tmp_path / "cache"
+    store = open_store(f"file://{tmp_path / 'store'}")
+    arts = {}
+    for name in ("a", "b"):
+        root = base / name
+        make_cache_tree(root)
+        workspace.link(root, flashinfer.contract(root, {**os.environ, **jit_env}))
+        env = {**os.environ, **jit_env, **components.BY_NAME["flashinfer"].env_under(root)}
+        before = counted_nvcc.compiles(home)
+        run_python("-c", BUILD, env=env)
+        assert counted_nvcc.compiles(home) > before, "the builder compiled nothing: the test proves nothing"
+        arts[name] = _pack(root, name, {}, tmp_path / f"{name}.tar.zst", jit_env)
+        build.publish(store, tmp_path / f"{name}.tar.zst", layers=True)
+        shutil.rmtree(base)
+    a, b = arts["a"], arts["b"]
+    assert a.path_contract.flashinfer.modules == b.path_contract.flashinfer.modules == ("silu_and_mul",)
+    assert a.layer("flashinfer").sha256 != b.layer("flashinfer").sha256  # two builds, not one layer twice
+
+    served = {**os.environ, **jit_env}
+    first = fetch.fetch(recipe("a"), store, base / "a", serving_env=served)
+    assert first.status == "hit" and first.flashinfer["clean"] is True, first.warnings
+    second = fetch.fetch(recipe("b"), store, base / "b", serving_env=served)
+    assert second.status == "hit" and "flashinfer" in second.restore.reused, second.warnings
+    others = sum(layer.size for layer in b.layers if layer.component != "flashinfer")
+    assert second.restore.archive_bytes == others  # 0 bytes of FlashInfer's layer
+    assert second.flashinfer["clean"] is True  # ninja: no work to do
+
+    before = counted_nvcc.compiles(home)
+    run_python("-c", BUILD, env={**served, **second.env.vars})
+    assert counted_nvcc.compiles(home) == before  # 0 nvcc calls: the module a's artifact brought was loaded
+
+
+def test_a_link_planted_in_the_workspace_is_never_written_through(node, tmp_path):
+    """The workspace is writable by every pod of the node; a restore (run as root on a node) must not
+    follow a link someone put there: the restore is refused, the root as it was, and the link's
+    target untouched."""
+    store, base, a, b, b_files = node
+    assert fetch.fetch(recipe("a"), store, base / "a").status == "hit"
+    ws = Path(os.path.realpath(base / "a" / "flashinfer"))
+    ops = ws / MODULE_DIR.removeprefix("flashinfer/") / "cached_ops"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(ops)
+    ops.symlink_to(elsewhere)
+
+    got = fetch.fetch(recipe("b"), store, base / "b")
+    assert got.status == "error" and any("is not a directory" in w for w in got.warnings), got.warnings
+    assert list(elsewhere.iterdir()) == [] and not (base / "b" / restore.MARKER).exists()

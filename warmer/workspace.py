@@ -1,0 +1,250 @@
+"""The node's shared FlashInfer workspace: one per root base and FlashInfer toolchain, for every recipe.
+
+FlashInfer reuses a JIT module only when ninja finds nothing to do, and build.ninja holds the
+workspace's absolute path (flashinfer/jit/cpp_ext.py), so a module built for one recipe serves
+another only at the same path. A build therefore makes its root's flashinfer/ a link to
+W = <root base>/.flashinfer/<key>/ws, key being what the modules' compile commands depend on
+(the FlashInfer contract without the workspace); FLASHINFER_WORKSPACE_BASE is W's real path at
+build and at serve (components/flashinfer.py JitWorkspace.env_under).
+
+On a node, W is a union of units, each from one artifact (its origin): a JIT module (its
+cached_ops/<m>/ and its generated/<m> sources) or any other file on its own. The origin's
+artifact.json is kept beside W (origins/<id>.json, named by its sha256, and its signature), and a
+unit is intact when its files are the ones that artifact lists. An intact unit is never replaced:
+another build of the same key compiled it with the same commands, so it serves every recipe, and a
+second recipe whose units W holds intact downloads nothing for its FlashInfer layer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from warmer import archive, signing
+from warmer.archive import FileEntry
+from warmer.artifact import Artifact, ArtifactError
+from warmer.components import flashinfer
+from warmer.untrusted import Fields, InvalidDocument, load_json
+
+SHARED = ".flashinfer"  # beside the roots: one directory per key
+WS = "ws"  # FLASHINFER_WORKSPACE_BASE inside it
+PREFIX = flashinfer.SUBDIR + "/"  # a root-relative path into the workspace
+_KEY = re.compile(r"[0-9a-f]{16}")
+# A JIT module's files: <version>/<arch>/cached_ops/<m>/... and <version>/<arch>/generated/<m>[/...|.ext]
+_MODULE = re.compile(r"^(flashinfer/\.cache/flashinfer/[^/]+/[^/]+/)(?:cached_ops|generated)/([^/.]+)")
+MAX_UNITS_BYTES = 64 << 20
+
+
+def key(contract: flashinfer.FlashInferContract) -> str:
+    """What every module's compile command depends on, but the workspace itself: FlashInfer's,
+    tvm-ffi's and Python's paths, CUDA_HOME, ninja and the compile-affecting env."""
+    doc = {k: v for k, v in contract.to_json().items() if k not in ("workspace_base", "modules")}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def unit_of(rel: str) -> str:
+    """The unit a root-relative workspace path belongs to: its JIT module, or the file itself."""
+    m = _MODULE.match(rel)
+    return f"{m.group(1)}cached_ops/{m.group(2)}" if m else rel
+
+
+def units(entries: Iterable[FileEntry]) -> dict[str, list[FileEntry]]:
+    out: dict[str, list[FileEntry]] = {}
+    for e in entries:
+        if e.path.startswith(PREFIX):
+            out.setdefault(unit_of(e.path), []).append(e)
+    return out
+
+
+def link(root: Path, contract: flashinfer.FlashInferContract) -> Path:
+    """A build's root: its flashinfer/ made a link to the shared workspace of contract's key. Returns W."""
+    top = root.parent / SHARED / key(contract)
+    (top / WS).mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
+    here = root / flashinfer.SUBDIR
+    if not os.path.lexists(here):
+        here.symlink_to(target(top.name))
+    return top / WS
+
+
+def target(name: str) -> str:
+    """The link a root's flashinfer/ holds, relative: roots and the shared directory sit side by side."""
+    return f"../{SHARED}/{name}/{WS}"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A shared workspace: top (<root base>/.flashinfer/<key>), W = top/ws, and its records."""
+
+    top: Path
+
+    @property
+    def path(self) -> Path:
+        return self.top / WS
+
+    @classmethod
+    def of(cls, art: Artifact, root: Path) -> Workspace | None:
+        """The shared workspace art's FlashInfer files were built in, when it is the one beside root
+        on this node (the same root base); None for an artifact built in its root (as before)."""
+        fi = art.path_contract.flashinfer
+        if fi is None:
+            return None
+        built = Path(fi.workspace_base)
+        base = Path(os.path.realpath(root.parent)) / SHARED
+        if built.name != WS or built.parent.parent != base or not _KEY.fullmatch(built.parent.name):
+            return None
+        return cls(base / built.parent.name)
+
+    def linked(self, root: Path) -> bool:
+        """Whether root's flashinfer/ is the link to this workspace."""
+        here = root / flashinfer.SUBDIR
+        return here.is_symlink() and os.readlink(here) == target(self.top.name)
+
+    # -- the records: which artifact each unit came from ----------------------------------------
+
+    def _records(self) -> dict[str, str]:
+        try:
+            with open(self.top / "units.json", "rb") as f:
+                data = f.read(MAX_UNITS_BYTES + 1)
+            return Fields(load_json(data, what="units.json", max_bytes=MAX_UNITS_BYTES), "units.json").str_map("units")
+        except (OSError, InvalidDocument):
+            return {}
+
+    def _write_records(self, records: dict[str, str]) -> None:
+        _write(self.top / "units.json", json.dumps({"units": records}, sort_keys=True).encode())
+
+    def _origin(self, art_id: str, trusted_keys: tuple) -> Artifact | None:
+        """The origin artifact kept beside W, when its bytes hash to its name (and, with trusted keys,
+        its signature verifies): else None, and its units count as not intact."""
+        if not re.fullmatch(r"[0-9a-f]{64}", art_id):
+            return None
+        try:
+            art = Artifact.from_bytes((self.top / "origins" / f"{art_id}.json").read_bytes(), f"origin {art_id}")
+            if art.id != art_id:
+                return None
+            if trusted_keys:
+                sig = signing.Signature.from_json(
+                    json.loads((self.top / "origins" / f"{art_id}.sig.json").read_text()), "signature"
+                )
+                signing.verify(art.canonical, sig, list(trusted_keys))
+        except (OSError, ValueError, ArtifactError, InvalidDocument, signing.SignatureError):
+            return None
+        return art
+
+    # -- coverage -------------------------------------------------------------------------------
+
+    def missing(self, entries: Iterable[FileEntry], *, hashed: bool, trusted_keys: tuple = ()) -> list[str]:
+        """The units of entries (an artifact's workspace files) that W does not hold intact: absent,
+        without a readable origin, or not the files their origin lists (hashed: by sha256, else by
+        size). A unit from another artifact counts when it holds every path entries give it."""
+        records, out = self._records(), []
+        origins: dict[str, dict[str, list[FileEntry]]] = {}  # each origin's units, read once
+        for unit, wanted in units(entries).items():
+            art_id = records.get(unit, "")
+            if art_id not in origins:
+                origin = self._origin(art_id, trusted_keys) if art_id else None
+                origins[art_id] = units(origin.files) if origin else {}
+            held = origins[art_id].get(unit, [])
+            if not held or {e.path for e in wanted} - {e.path for e in held} or not self._intact(held, hashed):
+                out.append(unit)
+        return out
+
+    def _intact(self, held: list[FileEntry], hashed: bool) -> bool:
+        for e in held:
+            path = self.path / e.path[len(PREFIX) :]
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                return False
+            with open(fd, "rb") as f:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_size != e.size:
+                    return False
+                if hashed and archive.copy_hashed(f)[0] != e.sha256:
+                    return False
+        return True
+
+    # -- adoption: an extracted artifact's workspace files moved into W --------------------------
+
+    def adopt(
+        self,
+        staged: Path,
+        art: Artifact,
+        signature: signing.Signature | None,
+        trusted_keys: tuple = (),
+    ) -> list[str]:
+        """Move the units of art that W lacks (or holds damaged) from staged (the extracted flashinfer/
+        directory, each file checked already) into W, and record art as their origin; units W holds
+        intact stay as they are. The caller holds W's lock. Returns the units moved in."""
+        wanted = units(art.files)
+        if not staged.is_dir():
+            return []
+        bad = set(self.missing((e for es in wanted.values() for e in es), hashed=True, trusted_keys=trusted_keys))
+        moved = [u for u in wanted if u in bad and all((staged / e.path[len(PREFIX) :]).is_file() for e in wanted[u])]
+        if not moved:
+            return []
+        origins = self.real_dir(self.top / "origins")
+        _write(origins / f"{art.id}.json", art.canonical)
+        if signature is not None:
+            _write(origins / f"{art.id}.sig.json", json.dumps(signature.to_json()).encode())
+        records = self._records()
+        for unit in moved:
+            self._clear(unit)
+            for e in wanted[unit]:
+                rel = e.path[len(PREFIX) :]
+                os.replace(staged / rel, self.real_dir((self.path / rel).parent) / Path(rel).name)
+            records[unit] = art.id
+        self._write_records(records)
+        return moved
+
+    def real_dir(self, path: Path) -> Path:
+        """path, made a directory one level at a time from the root base's .flashinfer/ down, each
+        level a real directory: W is writable by every pod of the node, and a link planted in it
+        would send what a restore (run as root) moves or removes anywhere. ArchiveError if one is not."""
+        base = self.top.parent
+        for part in (base, *reversed([p for p in path.parents if p.is_relative_to(base) and p != base]), path):
+            try:
+                os.mkdir(part)
+            except FileExistsError:
+                pass
+            st = os.lstat(part)
+            if not stat.S_ISDIR(st.st_mode):
+                raise archive.ArchiveError(
+                    f"{part} in the shared FlashInfer workspace is not a directory "
+                    f"({stat.filemode(st.st_mode)}): warmer never makes one; remove it"
+                )
+        return path
+
+    def _clear(self, unit: str) -> None:
+        """What W holds of unit, removed before another copy moves in (a module: its build directory
+        and generated sources, whatever files they hold)."""
+        rel = unit[len(PREFIX) :]
+        m = _MODULE.match(unit)
+        if m is None:
+            (self.real_dir((self.path / rel).parent) / Path(rel).name).unlink(missing_ok=True)
+            return
+        base, name = self.real_dir(self.path / m.group(1)[len(PREFIX) :]), m.group(2)
+        self.real_dir(base / "cached_ops")
+        self.real_dir(base / "generated")
+        for d in (base / "cached_ops" / name, base / "generated" / name):
+            if d.is_dir() and not d.is_symlink():
+                shutil.rmtree(d)
+        for f in (base / "generated").glob(f"{name}.*"):
+            f.unlink(missing_ok=True)
+
+
+def _write(path: Path, data: bytes) -> None:
+    """data as path, through a new file renamed over it: never written through a link planted there."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with open(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
