@@ -84,7 +84,7 @@ class Marker:
         return self.components is None or _in_components(rel, self.components)
 
     def holds_component(self, name: str) -> bool:
-        return marker_holds(self.components, name)
+        return _holds(self.components, name)
 
     @property
     def bytes_held(self) -> int:
@@ -138,7 +138,7 @@ class Marker:
         )
 
 
-def marker_holds(names: tuple[str, ...] | None, component: str) -> bool:
+def _holds(names: tuple[str, ...] | None, component: str) -> bool:
     """Whether a restore of names (None: the whole artifact) holds component."""
     return names is None or component in names
 
@@ -516,9 +516,8 @@ class RestoreResult:
     files: int | None = None
     bytes: int | None = None
     archive_bytes: int | None = None  # what was read from the store (0 for a layer found on the node)
-    reused: tuple[str, ...] | None = (
-        None  # layers taken from this node (another root, the shared FlashInfer workspace), not downloaded
-    )
+    # Layers taken from this node (another root, the shared FlashInfer workspace), not downloaded.
+    reused: tuple[str, ...] | None = None
 
     def to_json(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items() if v is not None}
@@ -594,7 +593,7 @@ def restore(
             try:
                 staging.mkdir()
                 bar = Progress(f"restore {art.key[:12]}", art.total_bytes) if progress else None
-                shared = workspace.Workspace.of(art, root) if marker_holds(components, "flashinfer") else None
+                shared = workspace.Workspace.of(art, root) if _holds(components, "flashinfer") else None
                 try:
                     reused: tuple[str, ...] = ()
                     if open_layer is not None and art.layers:
