@@ -138,3 +138,32 @@ def test_owner_needs_root(node):
                  uid=SERVING, home=node["home"])
     assert out.returncode == 2 and "--owner 0:0 needs root" in out.stderr, out.stderr
     assert not (node["home"] / "r").exists()
+
+
+def test_owner_hands_the_shared_flashinfer_workspace_to_the_serving_user(shared):
+    """An artifact built in the shared FlashInfer workspace (warmer/workspace.py), fetched as root
+    with --owner: the workspace beside the roots is the serving user's too (vLLM writes FlashInfer's
+    locks and new modules there), and that user's later fetch finds it intact."""
+    from tests.unit.test_shared_workspace import HAS_FLASHINFER, _module, _pack
+    if not HAS_FLASHINFER:
+        pytest.skip("flashinfer-python is not installed")
+    base, out = shared / "cache", shared / "tiny.tar.zst"
+    _pack(base / "tiny", "tiny", _module("silu_and_mul", os.urandom(20_000)), out)
+    shutil.rmtree(base)
+    store = f"file://{shared / 'store'}"
+    build.publish(open_store(store), out)
+    recipe, home, root = write_tiny_recipe(shared / "tiny.toml"), shared / "home", base / "tiny"
+    home.mkdir()
+    os.chown(home, SERVING, SERVING)
+
+    got = warmer("fetch", recipe, "--store", store, "--root", root, "--owner", f"{SERVING}:{SERVING}", "--require")
+    assert got.returncode == 0, got.stderr
+    ws = Path(os.path.realpath(root / "flashinfer"))
+    assert ws.parent.parent == base / ".flashinfer"
+    owners = {(st.st_uid, st.st_gid) for p in [ws.parent, *ws.parent.rglob("*")] for st in [os.lstat(p)]}
+    assert owners == {(SERVING, SERVING)}
+
+    served = warmer("serve", recipe, "--root", root, "--dry-run", uid=SERVING, home=home)
+    assert served.returncode == 0 and env_of(served)["FLASHINFER_WORKSPACE_BASE"] == str(ws), served.stderr
+    again = warmer("fetch", recipe, "--store", store, "--root", root, "--json", uid=SERVING, home=home)
+    assert again.returncode == 0 and '"status": "already-active"' in again.stdout, again.stderr
