@@ -51,6 +51,7 @@ sys.path.insert(0, str(REPO))
 from tests.fixtures import counted_nvcc, nodes  # noqa: E402
 from warmer import compat, components, explain, restore, serving, verify, warmup, workspace  # noqa: E402
 from warmer import recipe as recipes  # noqa: E402
+from warmer.fingerprint import package_dir
 
 TINY = REPO / "manifests" / "models" / "tiny-llama-cpu.toml"
 SEQS = (4, 8, 16)  # max_num_seqs of the three variants; the first is the tiny recipe's own
@@ -235,8 +236,7 @@ def fi_row(a) -> dict:
     rmtree(wd)
     wd.mkdir(parents=True)
     # Builders and node use one counted CUDA_HOME: it is in every compile command and the workspace's key.
-    got = (counted_nvcc.make(wd) if components.flashinfer.contract(Path("/nonexistent"), dict(os.environ))
-           else "flashinfer-python is not installed")
+    got = counted_nvcc.make(wd) if package_dir("flashinfer") else "flashinfer-python is not installed"
     if isinstance(got, str):
         return {"skipped": got}
     home, jit = got

@@ -191,7 +191,9 @@ def still_intact(marker: Marker, root: Path, trusted_keys=()) -> str | None:
     if shared is not None:  # its FlashInfer files are the shared workspace's units, from any artifact of its key
         if not shared.linked(root):
             return f"{root}/{components.flashinfer.SUBDIR} is not the link to {shared.path}"
-        lost = shared.missing(marker.artifact.files, hashed=False, trusted_keys=tuple(trusted_keys))
+        lost = shared.missing(
+            marker.artifact.files, hashed=False, trusted_keys=tuple(trusted_keys), known=marker.artifact
+        )
         if lost:
             return f"the shared FlashInfer workspace {shared.path} lacks {len(lost)} of its unit(s) ({lost[0]})"
     for path, size in marker.artifact.files.sizes():
@@ -487,8 +489,10 @@ def prepare(root: Path, owner: tuple[int, int] | None = None) -> str | None:
     dirs = _writes_into(root)
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
-    if owner and os.geteuid() == 0:  # each directory from root (or a shared workspace) down to every cache directory
-        tops = [root, *(Path(os.path.realpath(root / components.flashinfer.SUBDIR)).parents[:1])]
+    if owner and os.geteuid() == 0:  # each directory from root down to every cache directory
+        tops = [root]
+        if (root / components.flashinfer.SUBDIR).is_symlink():  # and the shared FlashInfer workspace's top
+            tops.append(Path(os.path.realpath(root / components.flashinfer.SUBDIR)).parent)
         for path in {p for d in dirs for p in (d, *d.parents) if any(p.is_relative_to(t) for t in tops)}:
             os.lchown(path, *owner)
     return unwritable(root, owner, dirs)
@@ -852,7 +856,7 @@ def _extract_layers(
     for layer in chosen:
         entries = by_component.get(layer.component, [])
         into = shared if layer.component == components.flashinfer.COMPONENT.name else None
-        if into is not None and not into.missing(entries, hashed=True, trusted_keys=trusted_keys):
+        if into is not None and into.holds(entries, trusted_keys=trusted_keys, known=art):
             reused.append(layer.component)  # W holds every unit intact, built for any recipe of its key
         elif into is None and _from_node(others, layer, entries, staging):
             reused.append(layer.component)
@@ -883,7 +887,7 @@ def _into_workspace(
     shared.real_dir(shared.path)
     with locked(shared.top, lock_timeout, owner, deadline):
         shared.adopt(staged, art, signature, trusted_keys)
-        lost = shared.missing(art.files, hashed=False, trusted_keys=trusted_keys)
+        lost = shared.missing(art.files, hashed=False, trusted_keys=trusted_keys, known=art)
         if owner and os.geteuid() == 0:
             _chown_tree(shared.top, owner)  # vLLM writes there: FlashInfer's locks, its log, new modules
     if lost:

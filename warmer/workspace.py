@@ -24,7 +24,7 @@ import re
 import shutil
 import stat
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,12 +141,27 @@ class Workspace:
 
     # -- coverage -------------------------------------------------------------------------------
 
-    def missing(self, entries: Iterable[FileEntry], *, hashed: bool, trusted_keys: tuple = ()) -> list[str]:
+    def missing(
+        self, entries: Iterable[FileEntry], *, hashed: bool, trusted_keys: tuple = (), known: Artifact | None = None
+    ) -> list[str]:
         """The units of entries (an artifact's workspace files) that W does not hold intact: absent,
         without a readable origin, or not the files their origin lists (hashed: by sha256, else by
-        size). A unit from another artifact counts when it holds every path entries give it."""
-        records, out = self._records(), []
+        size). A unit from another artifact counts when it holds every path entries give it. known:
+        an artifact the caller has already checked (the one restored, a marker's), not read again
+        from its copy beside W when it is a unit's origin."""
+        return list(self._lacking(entries, hashed, trusted_keys, known))
+
+    def holds(self, entries: Iterable[FileEntry], *, trusted_keys: tuple = (), known: Artifact | None = None) -> bool:
+        """Whether W holds every unit of entries intact, by sha256; stops at the first it lacks."""
+        return next(self._lacking(entries, True, trusted_keys, known), None) is None
+
+    def _lacking(
+        self, entries: Iterable[FileEntry], hashed: bool, trusted_keys: tuple, known: Artifact | None
+    ) -> Iterator[str]:
+        records = self._records()
         origins: dict[str, dict[str, list[FileEntry]]] = {}  # each origin's units, read once
+        if known is not None:
+            origins[known.id] = units(known.files)
         for unit, wanted in units(entries).items():
             art_id = records.get(unit, "")
             if art_id not in origins:
@@ -154,8 +169,7 @@ class Workspace:
                 origins[art_id] = units(origin.files) if origin else {}
             held = origins[art_id].get(unit, [])
             if not held or {e.path for e in wanted} - {e.path for e in held} or not self._intact(held, hashed):
-                out.append(unit)
-        return out
+                yield unit
 
     def _intact(self, held: list[FileEntry], hashed: bool) -> bool:
         for e in held:
@@ -187,7 +201,7 @@ class Workspace:
         wanted = units(art.files)
         if not staged.is_dir():
             return []
-        bad = set(self.missing((e for es in wanted.values() for e in es), hashed=True, trusted_keys=trusted_keys))
+        bad = set(self.missing(art.files, hashed=True, trusted_keys=trusted_keys, known=art))
         moved = [u for u in wanted if u in bad and all((staged / e.path[len(PREFIX) :]).is_file() for e in wanted[u])]
         if not moved:
             return []
