@@ -49,7 +49,7 @@ from common import REPO, BenchError, load, measure, mib, rmtree, warmer  # noqa:
 
 sys.path.insert(0, str(REPO))
 from tests.fixtures import counted_nvcc, nodes  # noqa: E402
-from warmer import compat, components, explain, restore, serving, verify, warmup, workspace  # noqa: E402
+from warmer import build, compat, components, explain, restore, verify, warmup  # noqa: E402
 from warmer import recipe as recipes  # noqa: E402
 from warmer.fingerprint import package_dir
 
@@ -252,15 +252,15 @@ def fi_row(a) -> dict:
         paths[name].write_text(text.replace('name = "tiny-llama-cpu"', f'name = "{name}"'))
         rmtree(base)
         root = base / name
-        # What `warmer build` does before its warm-up (build._share_flashinfer).
-        recipe = recipes.load(paths[name])
-        ws = workspace.link(root, components.flashinfer.contract(root, serving.environ_for_vllm(recipe, root, env)))
-        built = fi_modules(home, {**env, **components.BY_NAME["flashinfer"].env_under(root)}, wd)
-        if built["nvcc_compiles"] == 0:
-            raise BenchError(f"the builder of {name} compiled nothing: the row proves nothing")
+        # What `warmer build` does around its warm-up and pack (build.cold_flashinfer).
         out = wd / "artifacts" / f"{name}.tar.zst"
-        pack = measure(warmer("pack", str(root), "--recipe", str(paths[name]), "-o", str(out), "--json"),
-                       env=env, cwd=REPO)
+        with build.cold_flashinfer(recipes.load(paths[name]), root, jit):
+            ws = Path(os.path.realpath(root / "flashinfer"))
+            built = fi_modules(home, {**env, **components.BY_NAME["flashinfer"].env_under(root)}, wd)
+            if built["nvcc_compiles"] == 0:
+                raise BenchError(f"the builder of {name} compiled nothing: the row proves nothing")
+            pack = measure(warmer("pack", str(root), "--recipe", str(paths[name]), "-o", str(out), "--json"),
+                           env=env, cwd=REPO)
         pub = measure(warmer("publish", str(out), "--store", store, "--layers", "--json"), cwd=REPO)
         arts[name] = restore.read_artifact_file(out)
         builders[name] = {**built, "workspace": str(ws), "pack_s": pack["seconds"], "publish_s": pub["seconds"],

@@ -41,7 +41,15 @@ mkdir -p "$WORK" && echo "work directory of scripts/gpu-check.sh" >"$WORK/.warme
 WHL=${WARMER_GPU_WHEELS:-.whl}
 if compgen -G "$WHL/*.whl" >/dev/null; then
   SITE=$WORK/site
-  STAMP=$(ls -l "$WHL"/*.whl)
+  WHEELS=("$WHL"/*.whl)
+  # A set built before warmer's last change carries another warmer than the checkout it travels with:
+  # that one would be tested. Then the set's other wheels are installed, and the checkout's warmer runs.
+  if ! WHY=$("$PY" scripts/gpu_wheels.py fresh "$WHL"); then
+    WHEELS=()
+    for w in "$WHL"/*.whl; do [[ $(basename "$w") == warmer-* ]] || WHEELS+=("$w"); done
+    echo "gpu-check: $WHY: this checkout's warmer runs instead" >&2
+  fi
+  STAMP=$(ls -l "${WHEELS[@]}")
   # The set is made for one Python (make gpu-wheels GPU_PYTHON=3.12 by default). An interpreter
   # it does not fit goes on with what it has installed, and says so. (WARMER_GPU_WHEELS: another set.)
   if "$PY" -m pip --version >/dev/null 2>&1; then
@@ -53,15 +61,15 @@ if compgen -G "$WHL/*.whl" >/dev/null; then
   if [ -f "$SITE/.installed-from" ] && [ "$(cat "$SITE/.installed-from")" = "$STAMP" ]; then
     echo "gpu-check: the wheels from $WHL are already installed in $SITE"
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-  elif rm -rf "$SITE" && "${INSTALL[@]}" "$WHL"/*.whl >"$WORK/pip.log" 2>&1; then
+  elif rm -rf "$SITE" && "${INSTALL[@]}" "${WHEELS[@]}" >"$WORK/pip.log" 2>&1; then
     echo "$STAMP" >"$SITE/.installed-from"
-    echo "gpu-check: installed $(ls "$WHL"/*.whl | wc -l) wheels from $WHL in $((SECONDS - t0)) s"
+    echo "gpu-check: installed ${#WHEELS[@]} wheels from $WHL in $((SECONDS - t0)) s"
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
   else
     echo "gpu-check: the wheels in $WHL do not install into $("$PY" -V 2>&1) (see $WORK/pip.log);" \
          "going on with the packages this Python has" >&2
   fi
 fi
-# After the wheels: an installed warmer (the carried wheel) is the one that packs and restores.
+# After the wheels: an installed warmer (the carried wheel, when fresh) is the one that packs and restores.
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
 exec "$PY" scripts/gpu_check.py "$@"

@@ -3,6 +3,7 @@
     python scripts/gpu_wheels.py build [--python-version 3.12] [--flashinfer 0.7.0.post1] [--dest .whl] [--max-mib 60]
     python scripts/gpu_wheels.py unpack --target DIR WHEEL...   (gpu-check.sh, where Python has no pip)
     python scripts/gpu_wheels.py device-site DIR   (tests: the GPU machine's packages, linked from here)
+    python scripts/gpu_wheels.py fresh DIR   (gpu-check.sh: is DIR's warmer wheel this checkout's?)
 
 The GPU machine has Python 3.12 with torch 2.11 (+cu130), Triton 3.6, requests, tqdm, jinja2,
 filelock, numpy, packaging, nvidia-ml-py and pyyaml; nvcc and ninja. What the check imports beyond
@@ -150,6 +151,30 @@ def relzma(src: Path, dst: Path) -> dict:
     return {"files_checked": len(record)}
 
 
+def warmer_source(repo: Path = REPO) -> str:
+    """sha256 of what warmer's wheel is built from (the package's files and pyproject.toml): a set
+    built from other sources carries another warmer than the checkout it travels with."""
+    h = hashlib.sha256()
+    files = [p for p in sorted((repo / "warmer").rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
+    for path in [*files, repo / "pyproject.toml"]:
+        h.update(f"{path.relative_to(repo)}\0{path.stat().st_size}\0".encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def stale(dest: Path, repo: Path = REPO) -> str | None:
+    """Why the set in dest carries another warmer than repo's (None: the same sources)."""
+    try:
+        built = json.loads((dest / "SET.json").read_text()).get("warmer_source")
+    except (OSError, ValueError):
+        built = None
+    if built is None:
+        return f"{dest}/SET.json does not say which sources its warmer wheel was built from"
+    if built != warmer_source(repo):
+        return f"the warmer wheel in {dest} was built from other sources than {repo}'s (make gpu-wheels again)"
+    return None
+
+
 def build(dest: Path, python_version: str, max_mib: float, cache: Path | None,
           flashinfer: str = DEFAULT_FLASHINFER) -> dict:
     """Download (and build warmer), rewrite, check the size; returns the manifest (also dest/SET.json)."""
@@ -191,7 +216,8 @@ def build(dest: Path, python_version: str, max_mib: float, cache: Path | None,
             wheels.append({"file": src.name, "bytes": (dest / src.name).stat().st_size,
                            "fetched_bytes": src.stat().st_size, "fetched_sha256": digest, **info})
     total = sum(w["bytes"] for w in wheels)
-    doc = {"python_version": python_version, "flashinfer": flashinfer, "wanted": list(want),
+    doc = {"python_version": python_version, "flashinfer": flashinfer, "warmer_source": warmer_source(),
+           "wanted": list(want),
            "platforms": list(PLATFORMS), "wheels": wheels,
            "total_bytes": total, "total_mib": round(total / MIB, 2), "max_mib": max_mib, "left_out": LEFT_OUT}
     (dest / "SET.json").write_text(json.dumps(doc, indent=1) + "\n")
@@ -299,6 +325,8 @@ def main(argv: list[str]) -> int:
     u.add_argument("wheels", type=Path, nargs="+")
     d = sub.add_parser("device-site", help="link the GPU machine's packages from this Python into DIR")
     d.add_argument("dir", type=Path)
+    f = sub.add_parser("fresh", help="exit 0 when DIR's warmer wheel is built from this checkout; else 1, saying why")
+    f.add_argument("dir", type=Path)
     args = p.parse_args(argv)
     try:
         if args.cmd == "build":
@@ -308,6 +336,11 @@ def main(argv: list[str]) -> int:
             print(f"{doc['total_mib']:7.2f} MiB  in {args.dest}: flashinfer {args.flashinfer} for Python "
                   f"{args.python_version} "
                   f"(limit {args.max_mib:g} MiB); left out: {', '.join(LEFT_OUT)} (see {args.dest / 'SET.json'})")
+        elif args.cmd == "fresh":
+            why = stale(args.dir)
+            if why:
+                print(why)
+                return 1
         elif args.cmd == "unpack":
             print(f"unpacked {', '.join(unpack(args.wheels, args.target))} into {args.target}")
         else:

@@ -19,6 +19,8 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -203,15 +205,15 @@ AOT_ENV = "VLLM_USE_AOT_COMPILE"
 
 def _warm_pack_verify(attempt: Attempt, target: Target) -> Verified:
     """One cold warm-up into the root, packed, restored over the root and verified: what a node will see."""
-    warmed = warm(attempt, target)
-    packed = pack(attempt, warmed)
+    with cold_flashinfer(attempt.recipe, target.root, attempt.added):
+        warmed = warm(attempt, target)
+        packed = pack(attempt, warmed)
     return verify_packed(attempt, packed)
 
 
 def warm(attempt: Attempt, target: Target) -> Warmed:
     """vLLM from cold into target.root, in a child process, with attempt.added on the recipe's env."""
     label = "cold" + attempt.suffix
-    _share_flashinfer(attempt, target.root)
     with progress.step(
         f"build: warm-up engine run from cold{' with ' + AOT_ENV + '=0' if attempt.added else ''} into {target.root}",
         log_file=warmup.engine_log(attempt.workdir, label),
@@ -220,14 +222,36 @@ def warm(attempt: Attempt, target: Target) -> Warmed:
     return Warmed(target, run, warmup.timings(run))
 
 
-def _share_flashinfer(attempt: Attempt, root: Path) -> None:
-    """FlashInfer's workspace in the node-wide one of its key (warmer/workspace.py), so that every
-    recipe served from this root base builds, and is served, at one path: a module built for one
-    serves the others. Without FlashInfer installed, the root keeps a directory of its own."""
-    env = serving.environ_for_vllm(attempt.recipe, root, {**os.environ, **attempt.added})
+@contextmanager
+def cold_flashinfer(recipe: Recipe, root: Path, added: Mapping[str, str]) -> Iterator[None]:
+    """FlashInfer's workspace for a warm-up and its pack: the node-wide one of its key
+    (warmer/workspace.py), root's flashinfer/ linked to it, so that every recipe served from this
+    root base builds, and is served, at one path. A build warms from cold, so what that workspace
+    already holds on this builder (another recipe's modules, an earlier build's) is set aside under
+    its lock meanwhile: the warm-up compiles what this recipe needs, its cold time is cold, and the
+    artifact holds its own modules only. Without FlashInfer installed, the root keeps a directory of
+    its own. added: the env the attempt adds to the recipe's."""
+    env = serving.environ_for_vllm(recipe, root, {**os.environ, **added})
     fi = components.flashinfer.contract(root, env)
-    if fi is not None:
-        workspace.link(root, fi)
+    if fi is None:
+        yield
+        return
+    shared = workspace.Workspace(workspace.link(root, fi).parent)
+    with ExitStack() as held:
+        try:
+            held.enter_context(restore.locked(shared.top))
+        except restore.RestoreError as e:
+            raise BuildError(
+                f"the shared FlashInfer workspace {shared.path} is in use ({e}): a build sets aside what it "
+                "holds until its pack, so the builds of one root base run one after another; wait for the "
+                "other build, or stop it"
+            ) from e
+        aside = shared.set_aside()
+        try:
+            yield
+        finally:
+            if aside is not None:
+                shared.merge_back(aside)
 
 
 def pack(attempt: Attempt, warmed: Warmed) -> Packed:

@@ -144,9 +144,10 @@ def verify(
     held = marker.components if marker else None
     before = snapshot(root)  # ninja's dry run (-n) below writes nothing
     env = serving.environ_for_vllm(recipe, root)
+    restored = marker.artifact.path_contract.flashinfer if marker and (held is None or "flashinfer" in held) else None
     # Before the engine starts: afterwards ninja would have rebuilt what it found dirty.
     with progress.step(f"{said_as}: FlashInfer ninja dry run"):
-        ninja = flashinfer.dry_run(root, env)
+        ninja = flashinfer.dry_run(root, env, restored)
     with progress.step(f"{said_as}: engine run on {root}", log_file=warmup.engine_log(workdir, label)) as s:
         run = warmup.run_engine(recipe, root, workdir, label, extra_env=extra_env)
         after = snapshot(root)

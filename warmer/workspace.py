@@ -36,6 +36,7 @@ from warmer.untrusted import Fields, InvalidDocument, load_json
 
 SHARED = ".flashinfer"  # beside the roots: one directory per key
 WS = "ws"  # FLASHINFER_WORKSPACE_BASE inside it
+ASIDE = "ws.aside-"  # what W held while a build warms from cold (Workspace.set_aside), beside it
 PREFIX = flashinfer.SUBDIR + "/"  # a root-relative path into the workspace
 _KEY = re.compile(r"[0-9a-f]{16}")
 # A JIT module's files: <version>/<arch>/cached_ops/<m>/... and <version>/<arch>/generated/<m>[/...|.ext]
@@ -253,6 +254,42 @@ class Workspace:
                 shutil.rmtree(d)
         for f in (base / "generated").glob(f"{name}.*"):
             f.unlink(missing_ok=True)
+
+    # -- a build on a builder: W emptied for its warm-up, what W held merged back after its pack --
+
+    def set_aside(self) -> Path | None:
+        """Move what W holds out of the way (another recipe's modules, an earlier build's), so that a
+        build's warm-up compiles every module its recipe needs and its pack holds just those. Returns
+        where it went (None: W held nothing); what an interrupted build set aside is merged back
+        first. The caller holds W's lock until merge_back."""
+        for left in sorted(self.top.glob(ASIDE + "*")):
+            self.merge_back(left)
+        with os.scandir(self.real_dir(self.path)) as entries:
+            if next(entries, None) is None:
+                return None
+        aside = self.top / f"{ASIDE}{uuid.uuid4().hex[:12]}"
+        os.rename(self.path, aside)
+        os.mkdir(self.path)
+        return aside
+
+    def merge_back(self, aside: Path) -> None:
+        """What set_aside moved out, back into W unit by unit: a unit the build made again stays the
+        build's and loses its record (its origin lists the set-aside bytes); the others move back."""
+        made = {unit_of(PREFIX + rel) for rel in _files(self.path)}
+        for rel in _files(aside):
+            if unit_of(PREFIX + rel) not in made:
+                os.replace(aside / rel, self.real_dir((self.path / rel).parent) / Path(rel).name)
+        records = self._records()
+        if made & records.keys():
+            self._write_records({u: art_id for u, art_id in records.items() if u not in made})
+        shutil.rmtree(aside)
+
+
+def _files(top: Path) -> Iterator[str]:
+    """Every path under top that is not a directory, relative to it (links are not followed)."""
+    for dirpath, _, filenames in os.walk(top):
+        for name in filenames:
+            yield os.path.relpath(os.path.join(dirpath, name), top)
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -553,6 +553,25 @@ def test_gpu_check_runs_on_the_installed_wheels(device_like, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_set_built_from_other_sources_runs_the_checkouts_warmer_not_its_wheel(device_like, tmp_path):
+    """A set made before warmer's last change would test another warmer than the one it travels with:
+    gpu-check.sh installs the set's other wheels and says so, and the checkout's warmer runs."""
+    py, _, dest, _ = device_like
+    assert gpu_wheels.stale(dest) is None  # made by `make gpu-wheels` from this checkout
+    old = tmp_path / "old-set"
+    shutil.copytree(dest, old)
+    doc = json.loads((old / "SET.json").read_text())
+    (old / "SET.json").write_text(json.dumps({**doc, "warmer_source": "0" * 64}))
+    assert "built from other sources" in gpu_wheels.stale(old)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    proc = gpu_check_sh(tmp_path / "work", "--cpu", "--checks", "no-such-check", python=str(py),
+                        env={**env, "WARMER_GPU_WHEELS": str(old)})
+    assert "this checkout's warmer runs instead" in proc.stderr, proc.stderr
+    site = tmp_path / "work" / "site"
+    assert (site / "flashinfer").is_dir() and not (site / "warmer").exists()
+
+
+@pytest.mark.slow
 def test_unpack_lays_the_set_out_as_pip_does_and_refuses_foreign_tags(device_like, wheel_sets, tmp_path):
     """gpu-check.sh's fallback for a Python without pip."""
     _, pip_target, dest, _ = device_like

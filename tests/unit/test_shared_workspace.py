@@ -5,6 +5,7 @@ first test builds its module for real with nvcc (sm_90a), the others use module-
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def recipe(name):
 
 def _pack(root, name, files, out, env=None):
     """What `warmer build` does around its warm-up: root's flashinfer/ linked to the shared
-    workspace of this toolchain (build._share_flashinfer), files written (through the link), pack."""
+    workspace of this toolchain (as build.cold_flashinfer links it), files written (through the link), pack."""
     saved = dict(os.environ)
     os.environ.update(env or {})  # pack records the FlashInfer contract in the build's env
     try:
@@ -101,6 +102,26 @@ def test_a_second_recipe_takes_the_modules_the_first_restored_and_downloads_noth
     assert third.restore.archive_bytes == 0  # every other layer was on the node too
 
 
+def test_a_roots_ninja_dry_run_judges_the_modules_of_its_artifact_not_the_other_recipes(node):
+    """W holds both recipes' modules; a's fetch runs ninja in a's (silu_and_mul) only, and a module of
+    its own missing from W is named, not passed over."""
+    store, base, a, b, _ = node
+    served = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}  # the venv's ninja
+    for name in ("a", "b"):
+        assert fetch.fetch(recipe(name), store, base / name, serving_env=served).status == "hit"
+    again = fetch.fetch(recipe("a"), store, base / "a", serving_env=served)
+    assert again.restore.status == "already-active"
+    assert set(again.flashinfer["modules"]) == {"silu_and_mul"}  # b's gelu_and_mul is in W too
+    assert set(flashinfer.dry_run(base / "b", served, b.path_contract.flashinfer)["modules"]) == {
+        "silu_and_mul",
+        "gelu_and_mul",
+    }
+
+    shutil.rmtree(base / "a" / MODULE_DIR / "cached_ops" / "silu_and_mul")
+    result = flashinfer.dry_run(base / "a", served, a.path_contract.flashinfer)
+    assert result["clean"] is False and "not in the workspace" in result["modules"]["silu_and_mul"]["reasons"][0]
+
+
 def test_a_damaged_unit_is_replaced_from_the_artifact_not_reused(node):
     store, base, a, b, b_files = node
     assert fetch.fetch(recipe("a"), store, base / "a").status == "hit"
@@ -131,6 +152,56 @@ def test_an_origin_that_does_not_hash_to_its_name_makes_its_units_untrusted(node
     assert not shared.missing(a.files, hashed=True) and not shared.missing(b.files, hashed=True)
     # a itself is checked against the artifact in hand (its marker's, the store's), not the copy.
     assert not shared.missing(a.files, hashed=True, known=a)
+
+
+def test_a_build_warms_from_cold_on_a_builder_whose_workspace_holds_another_recipes_modules(tmp_path):
+    """One builder builds a, then b at the same root base. b's warm-up finds the shared workspace empty
+    (it compiles every module it needs: its cold time is cold), under the workspace's lock; b's
+    artifact holds b's modules only, not a's; after b's pack the workspace holds a's again, and once b's
+    verify has restored b over its root (as `warmer build` does), a's root is intact."""
+    base = tmp_path / "cache"
+    a_files = {**_module("silu_and_mul", os.urandom(20_000)), **_module("rmsnorm", os.urandom(5_000))}
+    _pack(base / "a", "a", a_files, tmp_path / "a.tar.zst")
+    restore.restore_file(tmp_path / "a.tar.zst", base / "a", force=True)  # a's build verifies over its root
+    b_files = {**_module("silu_and_mul", os.urandom(20_000)), **_module("gelu_and_mul", os.urandom(10_000))}
+
+    with build.cold_flashinfer(recipe("b"), base / "b", {}):
+        ws = Path(os.path.realpath(base / "b" / "flashinfer"))
+        assert ws == Path(os.path.realpath(base / "a" / "flashinfer"))  # one workspace for both
+        assert list(ws.iterdir()) == []  # a's modules are not there to be reused, or packed
+        with pytest.raises(restore.RestoreError, match="still held"):  # a restore waits for the pack
+            with restore.locked(ws.parent, timeout=0):
+                pass
+        for rel, data in b_files.items():
+            (base / "b" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (base / "b" / rel).write_bytes(data)
+        b = build.pack_root(base / "b", recipe("b"), tmp_path / "b.tar.zst")
+
+    packed = {e.path for e in b.files if e.path.startswith(workspace.PREFIX)}
+    assert packed == set(b_files) and b.path_contract.flashinfer.modules == ("gelu_and_mul", "silu_and_mul")
+    rms = f"{MODULE_DIR}/cached_ops/rmsnorm/rmsnorm.so"
+    assert (base / "a" / rms).read_bytes() == a_files[rms]  # merged back: only a built it
+    so = f"{MODULE_DIR}/cached_ops/silu_and_mul/silu_and_mul.so"
+    assert (base / "a" / so).read_bytes() == b_files[so]  # both built it: b's build stays
+    assert not list(ws.parent.glob(workspace.ASIDE + "*"))
+    restore.restore_file(tmp_path / "b.tar.zst", base / "b", force=True)
+    for name in ("a", "b"):
+        assert restore.still_intact(restore.active(base / name), base / name) is None, name
+
+
+def test_what_an_interrupted_build_set_aside_is_merged_back_by_the_next(tmp_path):
+    base = tmp_path / "cache"
+    files = _module("silu_and_mul", os.urandom(20_000))
+    _pack(base / "a", "a", files, tmp_path / "a.tar.zst")
+    ws = workspace.Workspace(Path(os.path.realpath(base / "a" / "flashinfer")).parent)
+    assert ws.set_aside() is not None  # and the build is killed here: nothing merges it back
+    assert list(ws.path.iterdir()) == []
+    with build.cold_flashinfer(recipe("b"), base / "b", {}):
+        assert list(ws.path.iterdir()) == []  # b's warm-up is cold too
+        assert len(list(ws.top.glob(workspace.ASIDE + "*"))) == 1  # the leftover is in b's set-aside
+    so = f"{MODULE_DIR}/cached_ops/silu_and_mul/silu_and_mul.so"
+    assert (base / "a" / so).read_bytes() == files[so]
+    assert not list(ws.top.glob(workspace.ASIDE + "*"))
 
 
 def test_a_single_blob_artifact_goes_into_the_workspace_too(tmp_path):
@@ -245,3 +316,24 @@ def test_a_link_planted_in_the_workspace_is_never_written_through(node, tmp_path
     got = fetch.fetch(recipe("b"), store, base / "b")
     assert got.status == "error" and any("is not a directory" in w for w in got.warnings), got.warnings
     assert list(elsewhere.iterdir()) == [] and not (base / "b" / restore.MARKER).exists()
+
+
+def test_on_one_builder_the_second_recipes_warm_up_compiles_its_module_with_nvcc_again(tmp_path, counted_cuda):
+    """The cold build for real: one builder builds a, then b, at one root base, and both load
+    silu_and_mul. b's warm-up calls nvcc as often as a's did (without the set-aside it loaded a's module:
+    0 calls, a cold time that was not cold), and both artifacts list the module."""
+    home, jit_env = counted_cuda
+    base = tmp_path / "cache"
+    compiled, arts = {}, {}
+    for name in ("a", "b"):
+        root = base / name
+        make_cache_tree(root)
+        with build.cold_flashinfer(recipe(name), root, jit_env):
+            before = counted_nvcc.compiles(home)
+            run_python("-c", BUILD, env={**os.environ, **jit_env, **components.BY_NAME["flashinfer"].env_under(root)})
+            compiled[name] = counted_nvcc.compiles(home) - before
+            arts[name] = _pack(root, name, {}, tmp_path / f"{name}.tar.zst", jit_env)
+    assert compiled["a"] > 0, "the builder compiled nothing: the test proves nothing"
+    assert compiled["b"] == compiled["a"]
+    assert arts["a"].path_contract.flashinfer.modules == arts["b"].path_contract.flashinfer.modules == ("silu_and_mul",)
+    assert arts["a"].layer("flashinfer").sha256 != arts["b"].layer("flashinfer").sha256

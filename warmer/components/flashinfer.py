@@ -78,7 +78,7 @@ class JitWorkspace(Component):
                         f"serve from the build's paths ({built.root}), or build an artifact at these paths",
                     )
                 )
-        result = dry_run(root, dict(env))
+        result = dry_run(root, dict(env), fi)
         dirty = [m for m, r in result["modules"].items() if not r["clean"]]
         if dirty:
             found.append(
@@ -244,15 +244,23 @@ def compare(built: FlashInferContract | None, node: FlashInferContract | None) -
     return out
 
 
-def dry_run(root: Path, env: dict) -> dict:
-    """`ninja -n -d explain` in every module: {"modules": {name: {"clean", "reasons"}}, "clean": bool}."""
-    mods = modules(root)
+def dry_run(root: Path, env: dict, built: FlashInferContract | None = None) -> dict:
+    """`ninja -n -d explain` in every module: {"modules": {name: {"clean", "reasons"}}, "clean": bool}.
+    built: the contract of the artifact restored there; only its modules are judged (a shared
+    workspace holds other recipes' too, not this artifact's to judge), and one of them absent is
+    not clean. Without one (or from an artifact that lists none), every module."""
+    only = built.modules if built and built.modules else None
+    mods = [m for m in modules(root) if only is None or m.name in only]
+    absent = sorted(set(only or ()) - {m.name for m in mods})
     path, version = ninja_path_and_version(env)
-    if not mods:
+    if not mods and not absent:
         return {"clean": True, "modules": {}}
     if path is None:
         return {"clean": None, "skipped": "ninja is not on PATH: the dry run was skipped", "modules": {}}
-    result = {}
+    result: dict[str, dict] = {
+        name: {"clean": False, "reasons": [f"{name} is not in the workspace: FlashInfer builds it at first use"]}
+        for name in absent
+    }
     for m in mods:
         if str(Path(os.path.realpath(m))) not in (m / "build.ninja").read_text():
             # Written for another path: FlashInfer regenerates it here, and everything rebuilds.
