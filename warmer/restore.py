@@ -882,12 +882,23 @@ def _into_workspace(
 ) -> None:
     """art's FlashInfer files, extracted into staging, moved into the shared workspace where it
     lacks them (under its lock: two recipes restore at once), and staging's flashinfer/ made the
-    link to it. ArchiveError, and nothing activated, when it still lacks a unit of art."""
+    link to it. ArchiveError, and nothing activated, when it still lacks a unit of art (but one that
+    a running vLLM is building: said, and moved in by the next fetch)."""
     staged = staging / components.flashinfer.SUBDIR
     shared.real_dir(shared.path)
     with locked(shared.top, lock_timeout, owner, deadline):
-        shared.adopt(staged, art, signature, trusted_keys)
-        lost = shared.missing(art.files, hashed=False, trusted_keys=trusted_keys, known=art)
+        building = shared.adopt(staged, art, signature, trusted_keys)
+        lost = [
+            u
+            for u in shared.missing(art.files, hashed=False, trusted_keys=trusted_keys, known=art)
+            if u not in building
+        ]
+        for unit in building:
+            log.warning(
+                "%s: a running FlashInfer holds its lock (it is building it): left to that build, which has "
+                "the same commands; the next fetch moves this artifact's copy in",
+                unit,
+            )
         if owner and os.geteuid() == 0:
             _chown_tree(shared.top, owner)  # vLLM writes there: FlashInfer's locks, its log, new modules
     if lost:

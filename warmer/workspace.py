@@ -17,6 +17,7 @@ second recipe whose units W holds intact downloads nothing for its FlashInfer la
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -25,6 +26,7 @@ import shutil
 import stat
 import uuid
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,7 +200,9 @@ class Workspace:
     ) -> list[str]:
         """Move the units of art that W lacks (or holds damaged) from staged (the extracted flashinfer/
         directory, each file checked already) into W, and record art as their origin; units W holds
-        intact stay as they are. The caller holds W's lock. Returns the units moved in."""
+        intact stay as they are. A module that a running vLLM is building now (it holds FlashInfer's
+        lock of that module) is left to it: that build has the same commands. The caller holds W's
+        lock. Returns the units left so, moved in by a later restore."""
         wanted = units(art.files)
         if not staged.is_dir():
             return []
@@ -210,15 +214,42 @@ class Workspace:
         _write(origins / f"{art.id}.json", art.canonical)
         if signature is not None:
             _write(origins / f"{art.id}.sig.json", json.dumps(signature.to_json()).encode())
-        records = self._records()
+        records, building = self._records(), []
         for unit in moved:
-            self._clear(unit)
-            for e in wanted[unit]:
-                rel = e.path[len(PREFIX) :]
-                os.replace(staged / rel, self.real_dir((self.path / rel).parent) / Path(rel).name)
+            with self._flashinfer_lock(unit) as free:
+                if not free:
+                    building.append(unit)
+                    continue
+                self._clear(unit)
+                for e in wanted[unit]:
+                    rel = e.path[len(PREFIX) :]
+                    os.replace(staged / rel, self.real_dir((self.path / rel).parent) / Path(rel).name)
             records[unit] = art.id
         self._write_records(records)
-        return moved
+        return building
+
+    @contextmanager
+    def _flashinfer_lock(self, unit: str) -> Iterator[bool]:
+        """FlashInfer's own lock of a module (flashinfer/jit/core.py: JitSpec.lock_path is
+        cached_ops/tmp/<m>.lock, a flock that build_and_load holds while it builds and loads), taken
+        without waiting while the module's files are replaced, so that a vLLM building it is never
+        cut off: False while another process holds it. Any other unit is one file, replaced atomically."""
+        m = _MODULE.match(unit)
+        if m is None:
+            yield True
+            return
+        tmp = self.real_dir(self.path / m.group(1)[len(PREFIX) :] / "cached_ops" / "tmp")
+        fd = os.open(tmp / f"{m.group(2)}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                free = False
+            else:
+                free = True
+            yield free
+        finally:
+            os.close(fd)  # and with it the lock
 
     def real_dir(self, path: Path) -> Path:
         """path, made a directory one level at a time from the root base's .flashinfer/ down, each

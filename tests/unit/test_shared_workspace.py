@@ -122,6 +122,31 @@ def test_a_roots_ninja_dry_run_judges_the_modules_of_its_artifact_not_the_other_
     assert result["clean"] is False and "not in the workspace" in result["modules"]["silu_and_mul"]["reasons"][0]
 
 
+def test_a_module_a_running_vllm_is_building_is_left_to_it_and_moved_in_by_the_next_fetch(node, caplog):
+    """A pod of a builds gelu_and_mul now (FlashInfer holds its lock, the real filelock FlashInfer
+    uses, while ninja writes there) when b's fetch would move b's copy in: the restore leaves that
+    module to the build, says so, and activates b; the next fetch, the lock free, moves b's copy in."""
+    from filelock import FileLock  # FlashInfer's own lock (flashinfer/jit/core.py)
+
+    store, base, a, b, b_files = node
+    assert fetch.fetch(recipe("a"), store, base / "a").status == "hit"
+    ops = base / "a" / MODULE_DIR / "cached_ops"
+    (ops / "gelu_and_mul").mkdir()
+    (ops / "gelu_and_mul" / "build.ninja").write_text("ninja is writing this\n")
+    (ops / "tmp").mkdir(exist_ok=True)
+    with FileLock(ops / "tmp" / "gelu_and_mul.lock", thread_local=False):
+        got = fetch.fetch(recipe("b"), store, base / "b")
+        assert got.status == "hit", got.warnings
+        assert (ops / "gelu_and_mul" / "build.ninja").read_text() == "ninja is writing this\n"  # not cut off
+        assert not (ops / "gelu_and_mul" / "gelu_and_mul.so").exists()
+    assert "left to that build" in caplog.text
+    again = fetch.fetch(recipe("b"), store, base / "b")
+    assert again.status == "hit" and again.restore.status == "restored"  # b's root lacked a unit of its own
+    rel = f"{MODULE_DIR}/cached_ops/gelu_and_mul/gelu_and_mul.so"
+    assert (base / "b" / rel).read_bytes() == b_files[rel]
+    assert fetch.fetch(recipe("b"), store, base / "b").restore.status == "already-active"
+
+
 def test_a_damaged_unit_is_replaced_from_the_artifact_not_reused(node):
     store, base, a, b, b_files = node
     assert fetch.fetch(recipe("a"), store, base / "a").status == "hit"
