@@ -9,9 +9,10 @@ downloads when another root already holds a layer, and how much of a cold start 
              downloaded (restore.archive_bytes) and layers taken from r1, against recipe 2's whole
              artifact; then recipe 2 into BASE/r2-again, the control (every layer from r2, 0 bytes)
     fi       the shared FlashInfer workspace (warmer/workspace.py) with the real nvcc: two recipes
-             (fi-a, fi-b: the tiny recipe renamed), each on a builder of its own at one root base
-             (WORKDIR/fi/cache, emptied between them): its root linked to the workspace, three JIT
-             modules (act_and_mul: silu, gelu, gelu_tanh) compiled for sm_90a in a python process,
+             (fi-a, fi-b: the tiny recipe renamed), built one after the other on one builder at one
+             root base (WORKDIR/fi/cache), each as `warmer build` does (build.cold_flashinfer: its root
+             linked to the workspace, what the workspace holds set aside): three JIT modules
+             (act_and_mul: silu, gelu, gelu_tanh) compiled for sm_90a in a python process,
              `warmer pack` in that env, `warmer publish --layers`. Then a node at that base again:
              `warmer fetch` of fi-a into BASE/fi-a, the modules loaded in its served env, fi-b into
              BASE/fi-b, the modules loaded in its served env: seconds, bytes downloaded, whether
@@ -246,11 +247,11 @@ def fi_row(a) -> dict:
     text = TINY.read_text()
     assert 'name = "tiny-llama-cpu"' in text
     paths, arts, builders = {}, {}, {}
-    for name in FI_RECIPES:  # each on a builder of its own, at the same root base
+    rmtree(base)
+    for name in FI_RECIPES:  # one builder, one root base: fi-b's build finds fi-a's modules there
         paths[name] = wd / "recipes" / f"{name}.toml"
         paths[name].parent.mkdir(parents=True, exist_ok=True)
         paths[name].write_text(text.replace('name = "tiny-llama-cpu"', f'name = "{name}"'))
-        rmtree(base)
         root = base / name
         # What `warmer build` does around its warm-up and pack (build.cold_flashinfer).
         out = wd / "artifacts" / f"{name}.tar.zst"
@@ -309,7 +310,7 @@ def fi_table(r: dict) -> str:
         return f"skipped: {r['skipped']}"
     b = r["fi_b"]
     lines = [f"{len(r['modules'])} FlashInfer JIT modules ({', '.join(r['modules'])}) compiled by nvcc for "
-             f"{r['arch']} on each builder; fi-b's artifact file {b['artifact_bytes']:,} bytes, its FlashInfer layer "
+             f"{r['arch']} for each build; fi-b's artifact file {b['artifact_bytes']:,} bytes, its FlashInfer layer "
              f"{b['flashinfer_layer_bytes']:,} (sha256 {b['flashinfer_sha256'][:12]}, fi-a's "
              f"{b['fi_a_flashinfer_sha256'][:12]})",
              "", "| fetch | seconds | bytes downloaded | FlashInfer layer bytes downloaded | layers reused | "
@@ -318,7 +319,7 @@ def fi_table(r: dict) -> str:
         f = r["node"][k]
         lines.append(f"| {what} | {f['seconds']:.2f} | {f['archive_bytes']:,} | {f['flashinfer_layer_bytes']:,} | "
                      f"{', '.join(f['reused']) or 'none'} | {f['nvcc_compiles']} |")
-    lines.append("\nbuilders (one after the other, same root base): "
+    lines.append("\none builder, one root base, fi-a then fi-b: "
                  + "; ".join(f"{n} {x['nvcc_compiles']} nvcc compiles in {x['seconds']:.1f} s"
                              for n, x in r["builders"].items())
                  + "; on the node, the same modules loaded in "
