@@ -10,10 +10,16 @@
 #   bash scripts/gpu-device-run.sh --cpu                 the same here, on the CPU
 #
 # Checks that cannot run on a CPU (the autotuners) have no negative control with --cpu.
+# The tool that runs it kills a command at 600 s, and whatever it had not yet packed with it: so the
+# logs are packed after each step, and each step gets only what is left of WARMER_DEVICE_BUDGET_S
+# (default 560 s); a negative control it cannot fit is said, not run, and the run is INCOMPLETE.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 : "${OUT:=$(mktemp -d)}"
 LOGS=$(mktemp -d)
+BUDGET=${WARMER_DEVICE_BUDGET_S:-560}
+NEGATIVE_S=45  # the least a negative control needs (about 15-30 s measured on CPU)
+save() { tar -czf "$OUT/gpu-run.tar.gz.part" -C "$LOGS" . && mv "$OUT/gpu-run.tar.gz.part" "$OUT/gpu-run.tar.gz"; }
 export WARMER_GPU_CHECK_DIR=${WARMER_GPU_CHECK_DIR:-${TMPDIR:-/tmp}/warmer-gpu-check}
 NEGATIVES=(torch-compile aot-compile flashinfer-jit flashinfer-autotune triton-autotune)
 for arg in "$@"; do
@@ -21,16 +27,25 @@ for arg in "$@"; do
 done
 
 t0=$SECONDS
-OUT=$LOGS/check bash scripts/gpu-check.sh "$@" >"$LOGS/check.log" 2>&1
+left() { echo $((BUDGET - (SECONDS - t0))); }
+OUT=$LOGS/check timeout --kill-after=5 "$(left)" bash scripts/gpu-check.sh "$@" >"$LOGS/check.log" 2>&1
 check=$?
 grep -E '^(CHECK|  |PHASES|[a-z-]+ (cold|warm restart|restored) |gpu-check:)' "$LOGS/check.log"
-echo "gpu-device-run: the check exited $check after $((SECONDS - t0)) s" | tee "$LOGS/summary.txt"
+[ "$check" -ge 124 ] && echo "gpu-device-run: the check ran past the budget of $BUDGET s" | tee -a "$LOGS/summary.txt"
+echo "gpu-device-run: the check exited $check after $((SECONDS - t0)) s" | tee -a "$LOGS/summary.txt"
+save
 ok=$((check == 0))
-if [ "$check" -le 1 ]; then  # 2: the check could not run; nothing to reuse
+incomplete=0
+if [ "$check" -le 1 ]; then  # 2: the check could not run (124, 137: stopped); nothing to reuse
   for c in "${NEGATIVES[@]}"; do
+    if [ "$(left)" -lt "$NEGATIVE_S" ]; then
+      echo "gpu-device-run: negative $c: NOT RUN ($(left) s left of the budget of $BUDGET s)" | tee -a "$LOGS/summary.txt"
+      incomplete=1
+      continue
+    fi
     t=$SECONDS
-    OUT=$LOGS/negative-$c bash scripts/gpu-check.sh "$@" --reuse --checks "$c" --negative="$c" \
-      >"$LOGS/negative-$c.log" 2>&1
+    OUT=$LOGS/negative-$c timeout --kill-after=5 "$(left)" bash scripts/gpu-check.sh "$@" --reuse --checks "$c" \
+      --negative="$c" >"$LOGS/negative-$c.log" 2>&1
     rc=$?
     verdict="FAIL as it must"
     if [ "$rc" -ne 1 ] || ! grep -q "NEGATIVE CONTROL $c: FAIL as expected" "$LOGS/negative-$c.log"; then
@@ -39,8 +54,11 @@ if [ "$check" -le 1 ]; then  # 2: the check could not run; nothing to reuse
     fi
     grep -E "^CHECK $c:" "$LOGS/negative-$c.log"
     echo "gpu-device-run: negative $c: $verdict in $((SECONDS - t)) s" | tee -a "$LOGS/summary.txt"
+    save
   done
 fi
-tar -czf "$OUT/gpu-run.tar.gz" -C "$LOGS" . && rm -rf "$LOGS"
-echo "gpu-device-run: $([ "$ok" = 1 ] && echo PASS || echo FAIL) in $((SECONDS - t0)) s; logs in $OUT/gpu-run.tar.gz"
-[ "$ok" = 1 ]
+save && rm -rf "$LOGS"
+verdict=$([ "$ok" = 1 ] && echo PASS || echo FAIL)
+[ "$ok" = 1 ] && [ "$incomplete" = 1 ] && verdict=INCOMPLETE
+echo "gpu-device-run: $verdict in $((SECONDS - t0)) s; logs in $OUT/gpu-run.tar.gz"
+[ "$verdict" = PASS ]
