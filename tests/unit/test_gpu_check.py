@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -426,6 +427,22 @@ def test_negative_control_fails_the_check_whose_cache_was_deleted(cpu_run, negat
     # Only the deleted cache's check fails: the others still hit.
     for other in {"torch-compile", "aot-compile", "flashinfer-jit"} - {negative}:
         assert lines[other]["verdict"] == "PASS", proc.stdout
+
+
+def test_the_device_run_stopped_by_its_budget_still_returns_its_logs(tmp_path):
+    """The lent machine kills a command at 600 s, and what it had not packed with it: gpu-device-run.sh
+    stops the check at its own budget (here 3 s, into the cold runs), packs what it has, and fails."""
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "WARMER_GPU_CHECK_DIR": str(tmp_path / "work"),
+           "WARMER_GPU_WHEELS": str(tmp_path / "no-wheels"), "WARMER_DEVICE_BUDGET_S": "3"}
+    (tmp_path / "out").mkdir()
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu-device-run.sh"), "--cpu"], cwd=str(REPO), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "gpu-device-run: FAIL" in proc.stdout, proc.stdout + proc.stderr
+    with tarfile.open(tmp_path / "out" / "gpu-run.tar.gz") as tar:
+        summary = tar.extractfile("./summary.txt").read().decode()
+        assert "./check.log" in tar.getnames()
+    assert "ran past the budget of 3 s" in summary and "NOT RUN" not in summary
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["gpu-run.tar.gz"]
 
 
 # ------------------------------------------------------------------------------- the wheels
