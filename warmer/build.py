@@ -411,7 +411,7 @@ def _write_artifact(
 
 @dataclass(frozen=True)
 class PublishResult:
-    status: str  # published, already-published
+    status: str  # published, already-published, mended (its entry's missing blobs uploaded again)
     store: str
     recipe: str
     key: str
@@ -421,10 +421,12 @@ class PublishResult:
     published_blob: str | None = None  # the published entry's blob, when this publish did not create it
     removed_own_blob: bool | None = None  # lost a race after uploading: its blob, named by no entry, removed
     layers: dict[str, bool] | None = None  # a layered publish: each component's layer, and whether it went up
-    bytes_uploaded: int | None = None  # a layered publish: the bytes of the layers the store lacked
+    bytes_uploaded: int | None = None  # a layered publish, or a mend: the bytes of the blobs the store lacked
+    mended: tuple[str, ...] | None = None  # already published: the blobs of its entry uploaded again
+    missing_blobs: tuple[str, ...] | None = None  # already published: blobs its entry names, in neither store nor file
 
     def to_json(self) -> dict:
-        return {k: v for k, v in vars(self).items() if v is not None}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items() if v is not None}
 
 
 def check_artifact_file(path: Path) -> tuple[Artifact, str]:
@@ -470,7 +472,7 @@ def publish(
     store.prepare()
     raw = deadline.call(lambda: store.get_index(name, key), "reading the index entry")
     if raw is not None:
-        return replace(result, published_blob=_blob_named(raw, name, key))
+        return _mend(store, path, art, raw, replace(result, published_blob=_blob_named(raw, name, key)), deadline)
     if layers:
         return _publish_layers(store, path, art, signature, result, deadline)
     deadline.check("uploading the blob")
@@ -484,6 +486,45 @@ def publish(
     if uploaded and winner is not None and winner != digest:
         removed = _remove_own_blob(store, path, digest, name, key)
     return replace(result, blob_uploaded=uploaded, published_blob=winner, removed_own_blob=removed)
+
+
+def _mend(
+    store: Store, path: Path, art: Artifact, raw: bytes, result: PublishResult, deadline: Deadline
+) -> PublishResult:
+    """The key is published already. Each blob its entry names that the store lacks (deleted by hand
+    or by a lifecycle rule, or by a gc that raced a layered publish) goes up again when this file
+    holds its bytes, so that publishing the artifact again mends the entry, as fetch's "missing"
+    line asks. What the file does not hold is named: only `warmer rm` and a new publish mend that."""
+    try:
+        entry = IndexEntry.read(raw, art.recipe.name, art.key)
+    except WarmerError:  # unreadable: `warmer ls` and `warmer rm` show and fix that
+        return result
+    layers = {layer.sha256: layer for layer in art.layers}
+    sent: dict[str, bool] = {}
+    missing: list[str] = []
+    with open(path, "rb") as f:
+        body = archive.first_frame_size(f) if layers else 0
+        for blob in entry.blobs:
+            deadline.check(f"checking blob {blob.sha256[:12]} of the published entry")
+            if store.has_blob(blob.sha256):
+                continue
+            if blob.sha256 == result.blob:
+                sent[blob.sha256] = store.put_blob(str(path), blob.sha256)
+            elif blob.sha256 in layers:
+                sent[blob.sha256] = _put_layer(store, f, body, layers[blob.sha256], path)
+            else:
+                missing.append(blob.sha256)
+    if not sent and not missing:
+        return result
+    size = {b.sha256: b.size for b in entry.blobs}
+    return replace(
+        result,
+        status="mended" if sent and not missing else result.status,
+        blob_uploaded=result.blob in sent,
+        mended=tuple(sent),
+        bytes_uploaded=sum(size[sha] for sha in sent),
+        missing_blobs=tuple(missing) or None,
+    )
 
 
 def _publish_layers(

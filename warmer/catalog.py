@@ -18,7 +18,6 @@ while any entry names it.
 
 from __future__ import annotations
 
-import getpass
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -27,10 +26,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from warmer import __version__
+from warmer.contract import user_name
 from warmer.entry import IndexEntry
 from warmer.errors import StoreError, UntrustedInput, UsageError
 from warmer.names import HEX64
-from warmer.store import Blob, Store, open_store
+from warmer.store import Blob, Scrap, Store, open_store
 
 ORPHAN_GRACE = timedelta(hours=6)
 
@@ -323,7 +323,7 @@ def rm(url: str, *, yes: bool, **store_options) -> Removal:
             "blob_deleted": removal.blob_deleted,
             "blobs": list(removal.blobs),
             "blobs_deleted": list(doomed),
-            "by": getpass.getuser(),
+            "by": user_name(),  # a uid without a passwd entry too (no KeyError)
             "at": now.isoformat(timespec="seconds"),
             "warmer": __version__,
         }
@@ -348,6 +348,7 @@ class Collection:
     orphans_deleted: tuple[Blob, ...] = ()  # blobs no entry named, older than ORPHAN_GRACE (in deleted_blobs)
     orphans_kept: tuple[Blob, ...] = ()  # blobs no entry names, younger: maybe a publish in flight
     shared_kept: tuple[str, ...] = ()  # blobs of the deleted entries kept: an entry left names them (shared layers)
+    scraps_deleted: tuple[Scrap, ...] = ()  # what writers that died left (Store.list_scraps), older than ORPHAN_GRACE
 
     def to_json(self) -> dict:
         return {
@@ -357,6 +358,10 @@ class Collection:
             "shared_kept": list(self.shared_kept),
             "orphans_deleted": [blob_json(b) for b in self.orphans_deleted],
             "orphans_kept": [blob_json(b) for b in self.orphans_kept],
+            "scraps_deleted": [
+                {"path": x.path, "bytes": x.size, "modified": x.modified.isoformat(timespec="seconds")}
+                for x in self.scraps_deleted
+            ],
             "orphan_grace_hours": ORPHAN_GRACE.total_seconds() / 3600,
         }
 
@@ -406,9 +411,12 @@ def gc(
     unnamed = [b for b in store.list_blobs() if b.sha256 not in referenced]
     orphans = [b for b in unnamed if b.sha256 not in freed and b.sha256 not in named_before]
     blobs = [b for b in unnamed if b.sha256 in freed or now - b.modified > ORPHAN_GRACE]
+    scraps = [x for x in store.list_scraps() if now - x.modified > ORPHAN_GRACE]  # younger: maybe still written
     if not dry_run:
         for b in blobs:
             store.delete_blob(b.sha256)
+        for x in scraps:
+            store.delete_scrap(x)
     return Collection(
         store.url,
         keep,
@@ -422,4 +430,5 @@ def gc(
         tuple(b for b in orphans if now - b.modified > ORPHAN_GRACE),
         tuple(b for b in orphans if now - b.modified <= ORPHAN_GRACE),
         tuple(sorted(freed & referenced)),
+        tuple(scraps),
     )

@@ -12,6 +12,7 @@ rows); there, bodies no rule alters are streamed through, not held whole.
 from __future__ import annotations
 
 import http.client
+import re
 import socket
 import socketserver
 import struct
@@ -33,7 +34,8 @@ ERRORS = {"503": (503, "Slow Down", "SlowDown", "Please reduce your request rate
 #   corrupt       forward; flip one byte in the middle of the body
 #   stall         take the request and never answer (the connection stays open until the proxy closes)
 #   trickle       forward; send the true headers, then the body TRICKLE bytes at a time, TRICKLE_S apart
-ACTIONS = {"503", "500", "reset", "reset-after", "truncate", "short", "corrupt", "stall", "trickle"}
+#   ignore-range  forward without the Range header: 200 and the whole object, as a proxy that ignores it
+ACTIONS = {"503", "500", "reset", "reset-after", "truncate", "short", "corrupt", "stall", "trickle", "ignore-range"}
 BODY_ACTIONS = {"reset-after", "truncate", "short", "corrupt", "trickle"}  # need the whole answer first
 TRICKLE, TRICKLE_S = 4, 0.25  # 16 bytes a second: a store that never times out a read and never ends
 CHUNK = 256 << 10
@@ -87,6 +89,9 @@ class FaultProxy:
     requests: list[Request] = field(default_factory=list)
     rules: list[Rule] = field(default_factory=list)
     rate: float | None = None  # bytes per second down to the client, all connections together
+    # The bucket's region, as S3 checks it (moto does not): a request signed for another region is
+    # answered as S3 answers it, 301 with the bucket's region in x-amz-bucket-region (HEAD: no body).
+    bucket_region: str | None = None
 
     def __post_init__(self):
         self._lock = threading.Lock()
@@ -152,6 +157,14 @@ class FaultProxy:
                 sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
             body = rfile.read(int(lower.get("content-length") or 0))
             action = self._decide(Request(method, target, lower))
+            if self.bucket_region and signed_for(lower) != self.bucket_region:
+                data = b"" if method == "HEAD" else ERROR_BODY.format(
+                    code="PermanentRedirect",
+                    message="The bucket you are attempting to access must be addressed using the specified endpoint.",
+                ).encode()
+                sock.sendall(f"HTTP/1.1 301 Moved Permanently\r\nx-amz-bucket-region: {self.bucket_region}\r\n"
+                             f"Content-Type: application/xml\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+                continue
             if action == "reset":
                 return _reset(sock)
             if action == "stall":
@@ -163,6 +176,8 @@ class FaultProxy:
                 sock.sendall(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\n"
                              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
                 continue
+            if action == "ignore-range":
+                headers = [(k, v) for k, v in headers if k.lower() != "range"]
             if self._throttle and action not in BODY_ACTIONS:  # a link: streamed through, not held whole
                 self._stream(sock, method, target, headers, body)
                 continue
@@ -244,6 +259,12 @@ class FaultProxy:
             return resp.status, resp.reason, resp.getheaders(), resp.read()
         finally:
             conn.close()
+
+
+def signed_for(headers: dict[str, str]) -> str | None:
+    """The region a SigV4 request is signed for: its credential scope (KEY/DATE/REGION/s3/aws4_request)."""
+    m = re.search(r"Credential=[^/,]+/\d+/([^/,]+)/", headers.get("authorization", ""))
+    return m.group(1) if m else None
 
 
 def _reset(sock: socket.socket) -> None:

@@ -180,3 +180,36 @@ def test_cli_ls_gc_inspect_on_a_file_store(tmp_path):
     assert store.list_index() == [("tiny", entries[2].key)]
     shown = json.loads(warmer("inspect", f"{store.url}/index/tiny/{entries[2].key[:12]}", "--json"))
     assert shown["blob"]["sha256"] == entries[2].blob.sha256
+
+
+def test_gc_deletes_the_copy_a_killed_publisher_left_in_a_file_store(tmp_path):
+    """A CI job cancelled mid-publish: its half-copied blob sits under a name no listing shows (up
+    to an artifact's size each time). gc keeps it while it may still be written, then deletes it."""
+    store = open_store(f"file://{tmp_path / 'store'}")
+    entry = publish(store, tmp_path, "tiny", None, 1)
+    source = tmp_path / "artifact-on-its-way"
+    os.mkfifo(source)  # the copy blocks on it: the publisher is killed mid-copy, not before or after
+    sha = "ab" * 32
+    child = subprocess.Popen([sys.executable, "-c", "import sys; from warmer.store import open_store; "
+                              "open_store(sys.argv[1]).put_blob(sys.argv[2], sys.argv[3])", store.url, str(source), sha])
+    with open(source, "wb") as f:
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        scraps = []
+        deadline = datetime.now(timezone.utc) + timedelta(seconds=60)
+        while not (scraps and scraps[0].size >= 1 << 20):  # the copy has the first MiB: kill it there
+            assert child.poll() is None and datetime.now(timezone.utc) < deadline, "the publisher never copied"
+            scraps = store.list_scraps()
+        child.kill()
+        child.wait()
+    assert [x.path.rsplit("/", 1)[0] for x in scraps] == [f"blobs/sha256/{sha[:2]}"]
+    assert sha not in {b.sha256 for b in store.list_blobs()}  # not a blob: ls and the orphans never see it
+
+    assert catalog.gc(store, 1).scraps_deleted == ()  # younger than the grace: maybe still being written
+    later = datetime.now(timezone.utc) + catalog.ORPHAN_GRACE + timedelta(minutes=5)
+    dry = catalog.gc(store, 1, dry_run=True, now=later)
+    assert dry.scraps_deleted == tuple(scraps) and store.list_scraps() == scraps
+    assert f"would delete: {scraps[0].path} (1.0 MB" in gc.report(dry)
+    done = catalog.gc(store, 1, now=later)
+    assert done.to_json()["scraps_deleted"][0]["bytes"] == 1 << 20
+    assert store.list_scraps() == [] and store.list_index() == [("tiny", entry.key)]

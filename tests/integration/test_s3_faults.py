@@ -139,3 +139,33 @@ def test_a_blob_missing_from_the_store_is_reported(published, s3_url, bucket, no
     assert got.status == "error"
     assert any("is missing from" in w and "publish the artifact again" in w for w in got.warnings)
     assert_unchanged(node_root)
+
+
+def test_a_bucket_in_another_region_is_reached_through_s3s_redirect(artifact, s3_url, proxy, node_root):
+    """The client's region (us-east-1) is not the bucket's: S3 answers 301 with the bucket's region,
+    and botocore sends the request again signed for it. warmer's retry handler must leave that
+    answer to botocore's redirect (before, every publish and fetch failed: PermanentRedirect)."""
+    from tests.integration.faultproxy import signed_for
+
+    proxy.bucket_region = "eu-west-1"  # the proxy checks the signature's region as S3 does
+    published = build.publish(S3Store(s3_url, endpoint_url=proxy.url, part_size=5 * MiB), artifact["artifact"])
+    assert published.status == "published" and published.blob_uploaded
+    got = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url, part_size=1 * MiB), node_root)
+    assert got.status == "hit", got.warnings
+    for rel, content in artifact["files"].items():
+        assert (node_root / rel).read_bytes() == content
+    regions = [signed_for(r.headers) for r in proxy.requests]
+    assert "us-east-1" in regions and regions[-1] == "eu-west-1"  # redirected, then signed for the bucket
+
+
+def test_an_endpoint_that_ignores_range_is_named_not_blamed_on_the_blob(published, s3_url, proxy, node_root):
+    """A proxy before S3 that drops Range answers every part with the whole object. Read as part k,
+    those bytes hash wrong, and the blob was refused as "corrupt in the store" after three whole
+    downloads; the cause is the endpoint, said once, and the root is untouched."""
+    rule = proxy.inject("ignore-range", is_blob_get, times=None)
+    got = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url, part_size=1 * MiB), node_root)
+    assert rule.fired > 0
+    assert got.status == "error"
+    assert any("ignores Range" in w and "not activated" in w for w in got.warnings), got.warnings
+    assert not any("corrupt" in w for w in got.warnings), got.warnings
+    assert_unchanged(node_root)

@@ -176,6 +176,34 @@ def test_a_server_that_ignores_range_is_read_as_one_stream_through_the_window():
     assert store.asked == [(0, part), (7 * part + 3, len(store.data))]
 
 
+def test_a_resumed_whole_answer_skips_what_it_repeats_in_full_reads():
+    """A cut 16 bytes before the end of a part: the resumed whole answer repeats every byte before
+    the cut, skipped in reads as large as the answer gives (7 KiB here), not 16 bytes at a time
+    (that was 28,000 reads for this blob; a multi-GB layer ran past any deadline)."""
+    part = 64 * KiB
+    store = Store(os.urandom(20 * part), whole=True)
+    store.cuts[0] = [(7 * part - 16, True)]
+    reads = 0
+    held = store.open_range
+
+    def open_range(start, end):
+        answer = held(start, end)
+        read = answer.readinto
+
+        def readinto(view):
+            nonlocal reads
+            reads += 1
+            return read(view)
+        answer.readinto = readinto
+        return answer
+
+    with BlobStream(hashlib.sha256(store.data).hexdigest(), open_range, size=len(store.data), part_size=part,
+                    threads=4, window_bytes=6 * part, probe_first=True, backoff_s=0) as s:
+        assert read_all(s) == store.data
+    assert store.asked == [(0, part), (7 * part - 16, len(store.data))]
+    assert reads < 2 * (len(store.data) + 7 * part) // (7 * KiB) + 10, reads
+
+
 def test_wrong_bytes_are_refused_at_the_end_and_drain_tells_wire_from_store():
     data = os.urandom(500 * KiB)
     damaged = bytearray(data)

@@ -173,3 +173,18 @@ def test_rm_keeps_the_layers_another_entry_names(two):
     later = datetime.now(timezone.utc) + catalog.ORPHAN_GRACE + timedelta(minutes=5)
     assert catalog.gc(store, 1, now=later).deleted_blobs == (layer(art_b, "vllm").sha256,)
     assert blobs_in(store) == {x.sha256 for x in art_a.layers}
+
+
+def test_publishing_again_mends_a_layered_entry_whose_layer_a_gc_race_deleted(two, tmp_path):
+    """A layered publish skips the layers the store holds; a gc that drops the entry naming them can
+    delete one after that publish looked (the race has no lock to close it). Publishing the file
+    again uploads that layer alone, and the entry is whole again."""
+    store, _, art_b, _, _, path_b = two
+    gone = layer(art_b, "inductor")
+    store.delete_blob(gone.sha256)
+    got = api.fetch(tiny_recipe(max_model_len=256), store.url, tmp_path / "node-a")
+    assert got.status == "error", got.warnings
+    mended = build.publish(store, path_b)  # with or without --layers: the file holds every layer
+    assert mended.status == "mended" and mended.mended == (gone.sha256,) and mended.bytes_uploaded == gone.size
+    assert not mended.blob_uploaded and mended.missing_blobs is None
+    assert api.fetch(tiny_recipe(max_model_len=256), store.url, tmp_path / "node-b").status == "hit"

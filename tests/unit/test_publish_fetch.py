@@ -52,6 +52,28 @@ def test_publish_is_idempotent_and_first_writer_wins(published, tmp_path):
     assert {b.sha256 for b in published["store"].list_blobs()} == {first, winner.blob}
 
 
+def test_publishing_again_mends_an_entry_whose_blob_is_gone(published, tmp_path):
+    """A blob deleted under its entry (by hand, a lifecycle rule): every node misses, and fetch's
+    line says to publish the artifact again. That publish uploads the blob again; a file of another
+    build of the key cannot, and says which blob the entry lacks."""
+    store, blob = published["store"], published["publish"].blob
+    store.delete_blob(blob)
+    got = fetch.fetch(published["recipe"], store.url, tmp_path / "node-a")
+    assert got.status == "error" and any("publish the artifact again" in w for w in got.warnings), got.warnings
+
+    other = tmp_path / "other.tar.zst"  # the same key, other bytes (its timings)
+    build.pack_root(published["source"], tiny_recipe(), other, timings={"build": {"run": 2}})
+    refused = build.publish(store, other)
+    assert refused.status == "already-published" and refused.missing_blobs == (blob,) and not refused.mended
+
+    mended = build.publish(store, published["artifact"])
+    assert mended.status == "mended" and mended.blob_uploaded and mended.mended == (blob,)
+    assert mended.bytes_uploaded == published["artifact"].stat().st_size
+    assert fetch.fetch(published["recipe"], store.url, tmp_path / "node-b").status == "hit"
+    again = build.publish(store, published["artifact"])  # nothing missing: nothing sent
+    assert again.status == "already-published" and again.mended is None and not again.blob_uploaded
+
+
 def test_fetch_restores_verified_files_and_is_then_a_no_op(published, tmp_path):
     node_root = tmp_path / "node-root"
     got = fetch.fetch(published["recipe"], published["store"].url, node_root).to_json()

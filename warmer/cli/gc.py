@@ -54,6 +54,11 @@ def report(r: Collection) -> str:
         "(maybe a publish in flight)"
         for b in r.orphans_kept
     ]
+    lines += [
+        f"{verb}: {x.path} ({megabytes(x.size)}, last written {x.modified.isoformat(timespec='seconds')}): "
+        "left by a publisher that died mid-copy"
+        for x in r.scraps_deleted
+    ]
     if r.shared_kept:
         lines.append(
             f"kept: {len(r.shared_kept)} blob(s) of the {'doomed' if r.dry_run else 'deleted'} entries that "

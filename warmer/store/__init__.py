@@ -41,6 +41,7 @@ __all__ = [
     "open_store",
     "parse_blob_path",
     "parse_index_path",
+    "Scrap",
 ]
 
 
@@ -54,6 +55,15 @@ class IndexTooLarge(UntrustedInput):
 
 class Blob(NamedTuple):
     sha256: str
+    size: int
+    modified: datetime  # timezone-aware, UTC
+
+
+class Scrap(NamedTuple):
+    """What a writer that died left in a store, which no listing shows (a file store's half-copied
+    blob): its path in the store, its bytes, and when it was last written."""
+
+    path: str
     size: int
     modified: datetime  # timezone-aware, UTC
 
@@ -168,6 +178,14 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def delete_blob(self, sha256: str) -> None: ...
+
+    def list_scraps(self) -> list[Scrap]:
+        """Leftovers of writers that died, for gc; none where the service keeps them itself (S3's
+        incomplete multipart uploads are a lifecycle rule's, a registry expires its upload sessions)."""
+        return []
+
+    def delete_scrap(self, scrap: Scrap) -> None:
+        raise NotImplementedError(f"{type(self).__name__} lists no scraps")
 
 
 def open_store(

@@ -24,6 +24,7 @@ from warmer.store import (
     BlobMissing,
     BlobStream,
     NotARegularFile,
+    Scrap,
     Store,
     StoreError,
     blob_path,
@@ -34,6 +35,7 @@ from warmer.store import (
 
 CHUNK = 1 << 20
 MiB = 1 << 20
+INCOMING = ".incoming-"  # a copy on its way in: linked to its name once whole
 
 
 def open_regular(path: str | os.PathLike, what: str) -> BinaryIO | None:
@@ -85,7 +87,7 @@ class FileStore(Store):
     def _create_once(self, target: Path, write) -> bool:
         """Write to a uniquely named file beside target, then link it in: fails if target exists."""
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".incoming-{uuid.uuid4().hex[:8]}-")
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f"{INCOMING}{uuid.uuid4().hex[:8]}-")
         try:
             with os.fdopen(fd, "wb") as f:
                 write(f)
@@ -174,6 +176,24 @@ class FileStore(Store):
             if sha and stat.S_ISREG(st.st_mode):
                 out.append(Blob(sha, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC)))
         return out
+
+    def list_scraps(self) -> list[Scrap]:
+        """The copies _create_once left half-written (a publisher killed mid-copy): a whole
+        artifact's bytes each, under a name no listing shows."""
+        self._must_exist()
+        out = []
+        for f in sorted(self.base.rglob(f"{INCOMING}*")):
+            st = f.lstat()
+            if stat.S_ISREG(st.st_mode):
+                out.append(
+                    Scrap(f.relative_to(self.base).as_posix(), st.st_size, datetime.fromtimestamp(st.st_mtime, UTC))
+                )
+        return out
+
+    def delete_scrap(self, scrap: Scrap) -> None:
+        path = self.base / scrap.path
+        if path.name.startswith(INCOMING):  # nothing else, whatever a caller passes
+            path.unlink(missing_ok=True)
 
     def delete_index(self, recipe: str, key: str) -> None:
         (self.base / index_path(recipe, key)).unlink(missing_ok=True)

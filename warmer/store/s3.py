@@ -102,14 +102,19 @@ class _Retries:
         self._backoff = standard.ExponentialBackoff()
 
     def register(self, client) -> None:
+        # This handler alone decides retries: botocore's own (the same unique id in every retry
+        # mode) would retry past the deadline.
+        client.meta.events.unregister("needs-retry.s3", unique_id="retry-config-s3")
         client.meta.events.register_first("needs-retry.s3", self.needs_retry)
 
     def needs_retry(self, **kwargs):
-        """A delay (retry after it), or False (no retry): the first answer that is not None wins,
-        so botocore's own handler, registered after this one, does not decide."""
+        """A delay (retry after it), False (the deadline allows none), or None: no error to retry,
+        and the other needs-retry handlers answer. One of them is botocore's region redirect: a
+        bucket in another region than the client's is answered 301 (or 400), and the request goes
+        again, signed for the bucket's region (x-amz-bucket-region)."""
         context = self._adapter.create_retry_context(**kwargs)
         if not self._conditions.is_retryable(context):
-            return False
+            return None
         delay = self._backoff.delay_amount(context)
         deadline = self.store.deadline
         why = _why(context, deadline.read_timeout)
@@ -334,6 +339,13 @@ class S3Store(Store):
                     if self._code(e)[1] == 404:
                         raise missing() from None
                     raise
+            if not got.get("ContentRange"):  # 200 and the whole object: it would fill every part with part 1
+                got["Body"].close()
+                raise StoreError(
+                    f"{self.url} answered a ranged GET of blob {sha256[:12]} with the whole object (no "
+                    "Content-Range): the endpoint, or a proxy before it, ignores Range, and warmer downloads "
+                    "S3 blobs in ranges; point --store at an endpoint that honours Range"
+                )
             return _Body(got)
 
         return BlobStream(

@@ -447,8 +447,10 @@ class BlobStream:
         of the part now in the buffer."""
         view = memoryview(buf)
         speed = _LowSpeed(self.deadline.low_speed_s)
+        # Skipped bytes go to a scratch buffer of their own: the part's room left may be a few bytes.
+        scratch = memoryview(bytearray(min(skip, READ_CHUNK))) if skip else view
         while skip:
-            n = answer.readinto(view[filled : filled + min(skip, want - filled)])
+            n = answer.readinto(scratch[: min(skip, len(scratch))])
             if not n:
                 return filled
             skip -= n
