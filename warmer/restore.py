@@ -186,7 +186,6 @@ def still_intact(marker: Marker, root: Path, trusted_keys=()) -> str | None:
             signing.verify(marker.artifact.canonical, marker.signature, list(trusted_keys))
         except signing.SignatureError as e:
             return f"its marker's artifact.json is not signed by a trusted key ({e})"
-    base = str(root)
     shared = workspace.Workspace.of(marker.artifact, root) if marker.holds_component("flashinfer") else None
     if shared is not None:  # its FlashInfer files are the shared workspace's units, from any artifact of its key
         if not shared.linked(root):
@@ -196,8 +195,15 @@ def still_intact(marker: Marker, root: Path, trusted_keys=()) -> str | None:
         )
         if lost:
             return f"the shared FlashInfer workspace {shared.path} lacks {len(lost)} of its unit(s) ({lost[0]})"
+    return _lacking(marker, root, shared is not None)
+
+
+def _lacking(marker: Marker, root: Path, shared: bool) -> str | None:
+    """Why root does not hold the files marker lists (of its components; shared: but the shared
+    FlashInfer workspace's, checked on their own); None when it does. One lstat per file."""
+    base = str(root)
     for path, size in marker.artifact.files.sizes():
-        if not marker.holds(path) or (shared is not None and path.startswith(workspace.PREFIX)):
+        if not marker.holds(path) or (shared and path.startswith(workspace.PREFIX)):
             continue
         try:
             st = os.lstat(os.path.join(base, path))  # not pathlib: 10,000 of them
@@ -487,12 +493,14 @@ def prepare(root: Path, owner: tuple[int, int] | None = None) -> str | None:
     if not (root / MARKER).exists():
         (root / PREPARED).touch()
     dirs = _writes_into(root)
+    # root and, when root's flashinfer/ is the link warmer makes, the shared workspace's top: another
+    # link there (a pod can plant one in its own root) is not followed, and nothing above them is touched.
+    shared = workspace.Workspace.linked_from(root)
+    tops = [root, *([shared.top] if shared else [])]
     for d in dirs:
-        d.mkdir(parents=True, exist_ok=True)
-    if owner and os.geteuid() == 0:  # each directory from root down to every cache directory
-        tops = [root]
-        if (root / components.flashinfer.SUBDIR).is_symlink():  # and the shared FlashInfer workspace's top
-            tops.append(Path(os.path.realpath(root / components.flashinfer.SUBDIR)).parent)
+        if any(d.is_relative_to(t) for t in tops):
+            d.mkdir(parents=True, exist_ok=True)
+    if owner and os.geteuid() == 0:  # each directory from a top down to every cache directory
         for path in {p for d in dirs for p in (d, *d.parents) if any(p.is_relative_to(t) for t in tops)}:
             os.lchown(path, *owner)
     return unwritable(root, owner, dirs)
@@ -575,8 +583,14 @@ def restore(
                 and marker.components == components
                 and still_intact(marker, root, trusted_keys) is None
             ):
-                if owner and os.geteuid() == 0 and os.lstat(root).st_uid != owner[0]:
-                    _chown_tree(root, owner)  # restored by root before: hand it over now
+                if owner and os.geteuid() == 0:
+                    if os.lstat(root).st_uid != owner[0]:
+                        _chown_tree(root, owner)  # restored by root before: hand it over now
+                    shared = workspace.Workspace.of(art, root) if marker.holds_component("flashinfer") else None
+                    if shared is not None:  # and its FlashInfer files, as a restore hands them over
+                        shared.real_dir(shared.path)
+                        with locked(shared.top, lock_timeout, owner, deadline):
+                            _chown_tree(shared.top, owner)  # vLLM takes FlashInfer's module locks there
                 return RestoreResult("already-active", str(root), art.key, round(time.perf_counter() - t0, 3))
             if refuse_rollback and marker and _rolls_back(art, marker, root, trusted_keys):
                 raise Rollback(
@@ -616,6 +630,10 @@ def restore(
                 done = Marker(
                     art, got.archive_sha256, datetime.now(UTC).isoformat(timespec="seconds"), signature, components
                 )
+                # Each file was checked as it landed; a retried layer or anyone on the node could have
+                # removed one since. An lstat per file, as on every no-op fetch, before the swap.
+                if (why := _lacking(done, staging, shared is not None)) is not None:
+                    raise archive.ArchiveError(f"the staging directory is incomplete: {why}")
                 with open(staging / MARKER, "xb") as f:  # staging is ours alone until the swap: no temp file
                     f.writelines(done.pieces())
                 if owner and os.geteuid() == 0:
@@ -751,9 +769,10 @@ def _extract(
 
     A store's stream (BlobStream) is extracted as it downloads. Bytes that fail (a member's
     sha256, zstd, the blob's digest at the end) are either what the store holds (the artifact is
-    bad: refused at once) or were damaged on the way (read again into a fresh staging dir, as
-    many times as the store allows): drain() finishes the download to tell which."""
-    attempt = 0
+    bad: refused at once) or were damaged on the way (read again, as many times as the store
+    allows, after removing what the read wrote: a layer's files alone, the layers before it stay):
+    drain() finishes the download to tell which."""
+    attempt, start = 0, bar.done if bar else 0
     while True:
         attempt += 1
         with open_archive() as stream:
@@ -783,10 +802,15 @@ def _extract(
                     raise
             if attempt >= blob.attempts:
                 raise blob.refused(attempt)
-        shutil.rmtree(staging)  # damaged on the way: start again in an empty staging dir
-        staging.mkdir()
+        # Damaged on the way: read again, without what this read wrote.
+        if files is None:
+            shutil.rmtree(staging)
+            staging.mkdir()
+        else:  # a layer: the layers before it are in staging too, and stay
+            for e in files:
+                (staging / e.path).unlink(missing_ok=True)
         if bar:
-            bar(-bar.done)
+            bar(start - bar.done)
     if archive_sha256 and got.archive_sha256 != archive_sha256:
         raise archive.ArchiveError(
             f"the archive hashes to {got.archive_sha256}, expected {archive_sha256}: corrupt or truncated download"
@@ -947,14 +971,21 @@ def _copy_checked(src: Path, dst: Path, e: archive.FileEntry) -> Path:
     f = _open_regular(src)  # no link, no FIFO: a sibling root is anyone's on the node
     if f is None:
         raise archive.ArchiveError(f"{src} is not a regular file")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with f, open(dst, "xb") as out:
-        digest, n = archive.copy_hashed(f, out)
-    if n != e.size or digest != e.sha256:
-        dst.unlink()
-        raise archive.ArchiveError(f"{src} is not the file artifact.json lists")
-    os.chmod(dst, e.mode)
-    os.utime(dst, ns=(e.mtime_ns, e.mtime_ns))
+    with f:
+        if (size := os.fstat(f.fileno()).st_size) != e.size:  # grown, say: not copied until the disk is full
+            raise archive.ArchiveError(f"{src} is {size} bytes, artifact.json lists {e.size}")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        out = open(dst, "xb")
+        try:
+            with out:
+                digest, n = archive.copy_hashed(f, out, e.size)
+            if n != e.size or digest != e.sha256:
+                raise archive.ArchiveError(f"{src} is not the file artifact.json lists")
+            os.chmod(dst, e.mode)
+            os.utime(dst, ns=(e.mtime_ns, e.mtime_ns))
+        except BaseException:  # a full disk, say: the layer is downloaded into this very path next
+            dst.unlink(missing_ok=True)
+            raise
     return dst
 
 

@@ -106,6 +106,17 @@ class Workspace:
             return None
         return cls(base / built.parent.name)
 
+    @classmethod
+    def linked_from(cls, root: Path) -> Workspace | None:
+        """The shared workspace root's flashinfer/ links to, when it is the link warmer makes
+        (link, target); None for a directory or any other link."""
+        try:
+            name = Path(os.readlink(root / flashinfer.SUBDIR)).parent.name
+        except OSError:
+            return None
+        ws = cls(Path(os.path.realpath(root.parent)) / SHARED / name)
+        return ws if _KEY.fullmatch(name) and ws.linked(root) else None
+
     def linked(self, root: Path) -> bool:
         """Whether root's flashinfer/ is the link to this workspace."""
         here = root / flashinfer.SUBDIR

@@ -7,12 +7,14 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
-from tests.conftest import make_cache_tree, tiny_recipe
+from tests.conftest import REPO, make_cache_tree, tiny_recipe
 from tests.fixtures import nodes
-from warmer import archive, build, fetch, fingerprint, restore
+from tests.unit.test_blob_stream import Store, stream
+from warmer import archive, build, components, fetch, fingerprint, restore
 from warmer.entry import IndexEntry
 from warmer.store import open_store
 
@@ -159,3 +161,76 @@ def test_a_fifo_in_a_sibling_root_is_not_waited_on(one_root):
     got = fetch.fetch(tiny_recipe(), store, base / "two")
     assert got.status == "hit" and (base / "two" / rel).read_bytes() == files[rel]
     assert component not in got.restore.reused and got.restore.archive_bytes >= art.layer(component).size
+
+
+def _blob(tmp_path, layer):
+    return tmp_path / "store" / "blobs" / "sha256" / layer.sha256[:2] / f"{layer.sha256}.tar.zst"
+
+
+def _over_the_wire(tmp_path, opened, damaged=None):
+    """open_layer as an S3 or OCI store gives it (3 reads of a blob allowed), over the file store's
+    bytes: the first read of the layer `damaged` has one byte flipped on the way."""
+    def open_layer(layer):
+        data = bytearray(_blob(tmp_path, layer).read_bytes())
+        opened.append(layer.component)
+        if layer.component == damaged and opened.count(damaged) == 1:
+            data[len(data) // 2] ^= 0xFF
+        return stream(Store(bytes(data)), sha=layer.sha256, size=len(data))
+    return open_layer
+
+
+def test_a_layer_damaged_on_the_way_is_read_again_and_the_layers_before_it_stay(tmp_path):
+    """Every layer unpacks into one staging directory: reading one layer again must not cost the
+    others (they were lost, and the root activated without them, as a hit)."""
+    out, art, files = _pack(tmp_path)
+    build.publish(open_store(f"file://{tmp_path / 'store'}"), out, layers=True)
+    last, opened = art.layers[-1].component, []
+    root = tmp_path / "cache" / "tiny"
+
+    got = restore.restore(art, None, root, open_layer=_over_the_wire(tmp_path, opened, damaged=last))
+    assert got.status == "restored" and opened.count(last) == 2 and len(opened) == len(art.layers) + 1
+    for rel, data in files.items():
+        assert (root / rel).read_bytes() == data, rel
+    assert restore.still_intact(restore.active(root), root) is None
+
+
+def test_a_staging_tree_that_lost_a_file_is_never_activated(tmp_path):
+    """The last check before the swap: staging must hold every file the marker lists. Staging sits in
+    the root base, which every pod of the node can write: here a file of the first layer goes while
+    the last one downloads."""
+    out, art, files = _pack(tmp_path)
+    build.publish(open_store(f"file://{tmp_path / 'store'}"), out, layers=True)
+    root, opened = tmp_path / "cache" / "tiny", []
+    first = next(e.path for e in art.files if components.of_path(e.path).name == art.layers[0].component)
+    open_layer = _over_the_wire(tmp_path, opened)
+
+    def losing(layer):
+        if layer == art.layers[-1]:
+            [staging] = root.parent.glob(".tiny.staging-*")
+            (staging / first).unlink()
+        return open_layer(layer)
+
+    with pytest.raises(restore.RestoreError, match=f"staging directory is incomplete: {first} is missing"):
+        restore.restore(art, None, root, open_layer=losing)
+    assert restore.active(root) is None and not list(root.parent.glob(".tiny.staging-*"))
+
+
+def test_a_copy_from_a_sibling_that_fails_leaves_nothing_in_the_way_of_the_download(one_root):
+    """A sibling's file is copied and the write fails (a real limit: RLIMIT_FSIZE, EFBIG, as a full
+    disk fails it): the half-written copy is removed, so the layer's download writes that path, and a
+    failure is its own (here the same limit), not 'File exists' from the copy's leftover."""
+    store, art, files, base, rel, component = one_root
+    limit = max(len(data) for data in files.values()) - 1  # the largest file cannot be written
+    script = ("import resource, signal, sys; from pathlib import Path\n"
+              "from tests.conftest import tiny_recipe; from warmer import fetch; from warmer.store import open_store\n"
+              "store = open_store(sys.argv[1])\n"
+              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+              "got = fetch.fetch(tiny_recipe(), store, Path(sys.argv[2]))\n"
+              "print(got.status, *got.warnings, sep='\\n')\n")
+    out = subprocess.run([sys.executable, "-c", script, store.url, str(base / "two")], capture_output=True, text=True,
+                         cwd=REPO, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("error\n") and "File too large" in out.stdout, out.stdout
+    assert "File exists" not in out.stdout
+    assert restore.active(base / "two") is None and not list(base.glob(".two.staging-*"))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, write_tiny_recipe
-from warmer import build, restore, serving
+from warmer import build, restore, workspace
 from warmer.recipe import load
 from warmer.store import open_store
 
@@ -51,7 +51,11 @@ def node(shared, packed):
 
 
 def warmer(*args, uid: int | None = None, home: Path | None = None) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "warmer", *map(str, args)]
+    return python("-m", "warmer", *args, uid=uid, home=home)
+
+
+def python(*args, uid: int | None = None, home: Path | None = None) -> subprocess.CompletedProcess:
+    argv = [sys.executable, *map(str, args)]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     if uid is not None:
         argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=+dac_read_search",
@@ -167,3 +171,55 @@ def test_owner_hands_the_shared_flashinfer_workspace_to_the_serving_user(shared)
     assert served.returncode == 0 and env_of(served)["FLASHINFER_WORKSPACE_BASE"] == str(ws), served.stderr
     again = warmer("fetch", recipe, "--store", store, "--root", root, "--json", uid=SERVING, home=home)
     assert again.returncode == 0 and '"status": "already-active"' in again.stdout, again.stderr
+
+
+def test_owner_on_a_root_already_active_hands_over_the_shared_flashinfer_workspace_too(shared):
+    """A node fetched as root without --owner, then with it (its pods now run as uid 1000): the fetch is
+    a no-op, and hands over the root and the workspace beside it, whose module locks FlashInfer takes
+    on every load (cached_ops/tmp/M.lock: as root's, vLLM failed at start on PermissionError)."""
+    from tests.unit.test_shared_workspace import HAS_FLASHINFER, _module, _pack
+    if not HAS_FLASHINFER:
+        pytest.skip("flashinfer-python is not installed")
+    base, out = shared / "cache", shared / "tiny.tar.zst"
+    _pack(base / "tiny", "tiny", _module("silu_and_mul", os.urandom(20_000)), out)
+    shutil.rmtree(base)
+    store = f"file://{shared / 'store'}"
+    build.publish(open_store(store), out, layers=True)
+    recipe, root = write_tiny_recipe(shared / "tiny.toml"), base / "tiny"
+
+    assert warmer("fetch", recipe, "--store", store, "--root", root, "--require").returncode == 0
+    ws = Path(os.path.realpath(root / "flashinfer"))
+    [lock] = ws.rglob("cached_ops/tmp/silu_and_mul.lock")
+    assert os.stat(lock).st_uid == 0
+
+    again = warmer("fetch", recipe, "--store", store, "--root", root, "--owner", f"{SERVING}:{SERVING}", "--json")
+    assert again.returncode == 0 and '"status": "already-active"' in again.stdout, again.stderr
+    assert "not writable" not in again.stderr
+    owners = {(st.st_uid, st.st_gid) for p in [root, ws.parent, *ws.parent.rglob("*")] for st in [os.lstat(p)]}
+    assert owners == {(SERVING, SERVING)}
+    take = python("-c", "import sys; from filelock import FileLock; FileLock(sys.argv[1], thread_local=False, "
+                  "timeout=3).acquire()", lock, uid=SERVING, home=shared)
+    assert take.returncode == 0, take.stderr
+
+
+def test_prepare_follows_only_warmers_own_link_and_never_hands_over_what_is_above_the_root(shared):
+    """A pod that owns its root (uid 1000, after the handover) replaces ROOT/flashinfer with a link
+    elsewhere; the next fetch as root that does not swap the root (a miss, an error) prepares it:
+    nothing above the root, nor through that link, is created or handed to the pod. Through the link
+    warmer makes (workspace.link's), the shared workspace is handed over, and only it."""
+    base = shared / "hostpath"
+    root = base / "tiny"
+    root.mkdir(parents=True)
+    (root / restore.PREPARED).touch()
+    os.chown(root, SERVING, SERVING)
+    (root / "flashinfer").symlink_to(shared / "x")
+
+    assert "does not exist" in restore.prepare(root, owner=(SERVING, SERVING))  # vLLM goes to a cold root
+    assert os.stat(shared).st_uid == os.stat(base).st_uid == 0 and not (shared / "x").exists()
+
+    (root / "flashinfer").unlink()
+    (root / "flashinfer").symlink_to(workspace.target("0123456789abcdef"))
+    assert restore.prepare(root, owner=(SERVING, SERVING)) is None
+    top = base / workspace.SHARED / "0123456789abcdef"
+    assert os.stat(top).st_uid == os.stat(top / workspace.WS).st_uid == SERVING
+    assert os.stat(shared).st_uid == os.stat(base).st_uid == os.stat(top.parent).st_uid == 0

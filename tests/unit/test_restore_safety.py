@@ -246,6 +246,32 @@ def test_full_disk_keeps_the_previous_cache(tmp_path, small_fs, packed):
     assert not list(tight.glob(".root.staging-*"))
 
 
+def test_a_sibling_file_that_grew_is_not_copied_onto_a_nearly_full_disk(tmp_path, small_fs, caplog):
+    """Two roots on a small disk; a file of the first has grown past what it fits (anything on the node
+    may append to it). The second root's fetch refuses that file on its size before copying a byte
+    (copied whole, it filled the disk and its leftover failed the layer's download: "File exists"),
+    downloads the layer instead, and fits."""
+    from tests.conftest import tiny_recipe
+    from tests.unit.test_layered_fetch import _pack
+    from warmer import build, fetch
+    from warmer.store import open_store
+
+    out, art, files = _pack(tmp_path)
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, out, layers=True)
+    base = small_fs("small", "size=3m") / "cache"
+    assert fetch.fetch(tiny_recipe(), store, base / "one").status == "hit"
+    rel = "triton/AB3C/triton_poi_fused_0.cubin"
+    with open(base / "one" / rel, "ab") as f:
+        f.write(os.urandom(1_600_000))  # more than the disk has left
+    caplog.set_level("INFO", logger="warmer")
+
+    got = fetch.fetch(tiny_recipe(), store, base / "two")
+    assert got.status == "hit", got.warnings
+    assert "triton" not in got.restore.reused and (base / "two" / rel).read_bytes() == files[rel]
+    assert f"{rel} is {len(files[rel]) + 1_600_000} bytes, artifact.json lists {len(files[rel])}" in caplog.text
+
+
 def test_read_only_filesystem(tmp_path, small_fs, packed):
     a = packed("A").path
     b = packed("B").path
