@@ -9,7 +9,8 @@ contract into artifact.json; fetch and doctor compare it with the node's and say
 
 from __future__ import annotations
 
-import getpass
+import os
+import pwd
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +19,22 @@ from typing import Any
 
 from warmer.components import flashinfer as fi_jit  # its module's name is this class's field
 from warmer.untrusted import Fields
+
+
+def user_name(env: Mapping[str, str] | None = None, uid: int | None = None) -> str:
+    """The name torch gives the user in its cache paths (torchinductor_NAME): getpass.getuser()'s
+    env vars, then uid's passwd entry (this process's uid by default). A uid without one
+    (Kubernetes' runAsUser, OpenShift's arbitrary uids: no USER either) makes getpass.getuser()
+    raise KeyError; it is then torch's own fallback, uid_N."""
+    env = os.environ if env is None else env
+    for var in ("LOGNAME", "USER", "LNAME", "USERNAME"):  # getpass.getuser()'s order
+        if env.get(var):
+            return env[var]
+    uid = os.getuid() if uid is None else uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid_{uid}"
 
 
 @dataclass(frozen=True)
@@ -35,7 +52,7 @@ class PathContract:
             root=str(root),
             model=model,
             python_prefix=sys.prefix,
-            user=getpass.getuser(),
+            user=user_name(),
             flashinfer=fi_jit.contract(root, dict(env)),
         )
 

@@ -19,7 +19,6 @@ Node path: imports neither torch nor vllm.
 
 from __future__ import annotations
 
-import getpass
 import importlib.util
 import os
 import socket
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from warmer import compat, components, fingerprint, restore
+from warmer.contract import user_name
 from warmer.envfile import EnvFile
 from warmer.errors import UsageError
 from warmer.fingerprint import Fingerprint
@@ -499,7 +499,7 @@ def diagnose_here(
         can_write=None if sample else _can_write,
         exists=None if sample else os.path.exists,
         node=None if sample else (lambda: fingerprint.probe(root=root, model=model)),
-        user=env.get("USER") or env.get("LOGNAME") or getpass.getuser(),
+        user=user_name(env, owner[0] if owner else None),
         hostnames={socket.gethostname()} if not sample else set(),
         flashinfer_installed=sample or importlib.util.find_spec("flashinfer") is not None,
         owner=owner,

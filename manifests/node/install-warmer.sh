@@ -31,5 +31,8 @@ curl -fsSL --retry 3 -o "$dir/$name" "$url"
 echo "$sha256  $dir/$name" | sha256sum -c --quiet -
 # The file only: its dependencies (boto3, zstandard, ...) come from the index pip is set up with.
 "$python" -m pip install --no-cache-dir "$dir/$name"
-ln -sf "$(dirname "$python")/warmer" "$link"
+# pip puts the command in the interpreter's scripts directory: a venv's bin/, but /usr/local/bin
+# for Debian's and Ubuntu's /usr/bin/python3. Where that is the link itself, there is nothing to link.
+installed="$("$python" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/warmer"
+[ "$installed" = "$link" ] || ln -sf "$installed" "$link"
 "$link" --version

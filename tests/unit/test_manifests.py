@@ -1,8 +1,13 @@
 """Every YAML in manifests/ parses and has the fields its kind requires; the manifests agree with
 the recipes and the SKU catalogue they run (no cluster, no Docker engine: parsing and checks)."""
 
+import hashlib
+import json
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -53,6 +58,20 @@ def init_container(name: str = "warmer-fetch") -> tuple[dict, dict]:
             if c["name"] == name:
                 return d, c
     raise AssertionError(f"no Deployment in manifests/k8s has an init container {name}")
+
+
+def fetch_init_containers() -> list[tuple[Path, dict, dict]]:
+    """(file, Deployment, its init container running `warmer fetch`) of every shipped Deployment:
+    the S3 one (warmer-fetch) and the OCI one (warmer-fetch-oci) alike."""
+    out = []
+    for path, d in of_kind("Deployment"):
+        for c in d["spec"]["template"]["spec"].get("initContainers", []):
+            if c.get("command", [])[:2] == ["warmer", "fetch"]:
+                out.append((path, d, c))
+    return out
+
+
+FETCHING = fetch_init_containers()
 
 
 def command_of(c: dict, **env_overrides) -> list[str]:
@@ -142,7 +161,67 @@ def test_pods_an_operator_would_accept(path, doc):
         assert vllm["livenessProbe"] and vllm["readinessProbe"] and vllm["startupProbe"]
         (sa,) = [d for p, d in of_kind("ServiceAccount") if p == path]
         assert sa["metadata"]["name"] == ps["serviceAccountName"]
-        assert {"eks.amazonaws.com/role-arn", "iam.gke.io/gcp-service-account"} <= set(sa["metadata"]["annotations"])
+
+
+# --- credentials: what each pod reaches its store with -------------------------------------------
+
+IRSA = "eks.amazonaws.com/role-arn"
+
+
+def store_containers() -> list[tuple[Path, dict, dict, str]]:
+    """(file, workload, container, its WARMER_STORE) of every container that runs warmer against a store."""
+    out = []
+    for path, doc in WORKLOADS:
+        ps = pod_spec(doc)
+        for c in ps.get("initContainers", []) + ps["containers"]:
+            if re.search(r"\bwarmer (fetch|build|publish)\b", " ".join(c.get("command", []) + c.get("args", []))):
+                out.append((path, doc, c, container_env(c).get("WARMER_STORE", "")))
+    return out
+
+
+def test_every_container_on_s3_takes_the_same_optional_secret():
+    """Static keys (MinIO, Ceph, no IRSA) come from the warmer-s3 secret the README's steps create,
+    optional where the service account brings them: every container that fetches from or publishes
+    to s3:// takes it, or that one alone has no credentials (a silent cold start, a failed publish)."""
+    on_s3 = [(path, c) for path, _, c, store in store_containers() if store.startswith("s3://")]
+    assert {path.name for path, _ in on_s3} == {
+        "vllm-deployment.yaml", "warmer-prefetch-daemonset.yaml", "k8s-build-job.yaml"}
+    for path, c in on_s3:
+        assert c.get("envFrom") == [{"secretRef": {"name": "warmer-s3", "optional": True}}], f"{path.name}: {c['name']}"
+        assert container_env(c).get("AWS_REGION"), f"{path.name}: {c['name']}"
+
+
+def test_service_accounts_promise_only_the_access_warmer_uses():
+    """warmer reads S3 credentials from boto3's chain (IRSA, Pod Identity, keys) and registry ones
+    from docker and podman auth files: no GCP credential path, so no account carries a GKE
+    workload-identity annotation that would promise one. The pods read; the build Job publishes,
+    under an account of its own that may write."""
+    accounts = of_kind("ServiceAccount")
+    for p, d in accounts:
+        assert not [a for a in d["metadata"].get("annotations", {}) if a.startswith("iam.gke.io/")], p.name
+    on_s3 = [(path, doc) for path, doc, _, store in store_containers() if store.startswith("s3://")]
+
+    def account_of(path: Path, doc: dict) -> tuple[Path, dict]:
+        """The account a workload names: the one in its own file, else an S3 Deployment's (the
+        DaemonSet shares the pods' account)."""
+        name = pod_spec(doc).get("serviceAccountName")
+        assert name, f"{path.name} runs as the namespace's `default` account"
+        found = [(p, d) for p, d in accounts if d["metadata"]["name"] == name and p == path] or \
+            [(p, d) for p, d in accounts if d["metadata"]["name"] == name and p in {q for q, _ in on_s3}]
+        assert found, f"{path.name}: no shipped ServiceAccount {name}"
+        return found[0]
+
+    for path, doc in on_s3:
+        _, sa = account_of(path, doc)
+        assert IRSA in sa["metadata"].get("annotations", {}), f"{path.name}: {sa['metadata']['name']}"
+    (job_path, job), = of_kind("Job")
+    writer_path, writer = account_of(job_path, job)
+    assert writer_path == job_path  # shipped beside the Job, as the pods' account is beside them
+    readers = [account_of(p, d)[1] for p, d in WORKLOADS if d["kind"] != "Job"]
+    assert writer["metadata"]["name"] not in {r["metadata"]["name"] for r in readers}
+    assert writer["metadata"]["annotations"][IRSA] not in {r["metadata"].get("annotations", {}).get(IRSA)
+                                                           for r in readers}
+    assert "s3:PutObject" in job_path.read_text()  # its comment says what the role must allow
 
 
 def test_services_select_a_deployment():
@@ -188,8 +267,14 @@ def _serve(c: dict, env: dict) -> tuple[list[str], list[str]]:
     return argv[:cut], argv[cut + 1:]
 
 
-def test_deployment_serves_exactly_what_its_recipe_warmed():
-    deployment, init = init_container()
+def test_every_deployment_is_checked_against_its_recipe():
+    """The agreement tests below run on every Deployment that fetches, not only on the S3 one."""
+    assert sorted(p.name for p, _, _ in FETCHING) == sorted(p.name for p, _ in of_kind("Deployment"))
+    assert {c["name"] for _, _, c in FETCHING} == {"warmer-fetch", "warmer-fetch-oci"}
+
+
+@pytest.mark.parametrize("path,deployment,init", FETCHING, ids=[p.name for p, _, _ in FETCHING])
+def test_deployment_serves_exactly_what_its_recipe_warmed(path, deployment, init):
     recipe_name = container_env(init)["WARMER_RECIPE"]
     recipe = load(MANIFESTS / "models" / f"{recipe_name}.toml")
     (vllm,) = [c for c in pod_spec(deployment)["containers"] if c["name"] == "vllm"]
@@ -213,8 +298,8 @@ def test_deployment_serves_exactly_what_its_recipe_warmed():
     assert init["image"] == vllm["image"]
 
 
-def test_init_container_fetches_into_the_root_ci_builds_at_and_vllm_sources_its_env():
-    deployment, init = init_container()
+@pytest.mark.parametrize("path,deployment,init", FETCHING, ids=[p.name for p, _, _ in FETCHING])
+def test_init_container_fetches_into_the_root_ci_builds_at_and_vllm_sources_its_env(path, deployment, init):
     argv = command_of(init)
     assert argv[:2] == ["warmer", "fetch"] and "--require" not in argv  # a miss starts the pod, slowly
     recipe_name = container_env(init)["WARMER_RECIPE"]
@@ -228,8 +313,8 @@ def test_init_container_fetches_into_the_root_ci_builds_at_and_vllm_sources_its_
     assert own[own.index("--env-file") + 1] == env_file  # `warmer serve` loads it; on a miss it says so
     # Both containers mount the cache and the env file's volume at the same paths.
     mounts = {c["name"]: {m["mountPath"]: m["name"] for m in c["volumeMounts"]} for c in (init, vllm)}
-    for path in (str(Path(root).parent), str(Path(env_file).parent)):
-        assert mounts["warmer-fetch"][path] == mounts["vllm"][path]
+    for mount_path in (str(Path(root).parent), str(Path(env_file).parent)):
+        assert mounts[init["name"]][mount_path] == mounts["vllm"][mount_path]
     # The recipe reaches the pod through the ConfigMap made from manifests/models/.
     recipe_path = argv[2]
     (recipes_mount,) = [m for m in init["volumeMounts"] if recipe_path.startswith(m["mountPath"] + "/")]
@@ -294,6 +379,67 @@ def test_dockerfile_stages_bake_caches_at_the_serving_root_without_credentials_i
     assert [rest for op, rest in ins if op == "ENV"].count("WARMER_RECIPE=${RECIPE}") == 2
 
 
+# The ENTRYPOINT of the image the `warmer` stage builds FROM (vllm-project/vllm docker/Dockerfile,
+# stage vllm-openai): whatever `docker run IMAGE ARGS` gives goes after it, unless a stage resets it.
+VLLM_ENTRYPOINT = ["vllm", "serve"]
+WARMER_IMAGE = "registry.example.com/vllm-warmer:v0.32.0"  # the `warmer` target's tag, as the files write it
+# docker run's options that take a value as the next word (the ones the docs use, and their kin).
+_DOCKER_RUN_VALUED = {"--gpus", "-v", "--volume", "-p", "--publish", "-w", "--workdir", "-e", "--env", "--name",
+                      "--entrypoint", "-u", "--user", "--network", "--ipc", "--shm-size"}
+
+
+def dockerfile_entrypoints() -> dict[str, list[str]]:
+    """Each stage's effective ENTRYPOINT, as Docker resolves it: the stage's own last one, else the
+    one of the stage it is FROM, else the base image's (vLLM's)."""
+    out: dict[str, list[str]] = {}
+    stage = None
+    for op, rest in _dockerfile_instructions():
+        if op == "FROM":
+            words = [w for w in rest.split() if not w.startswith("--")]
+            base, stage = words[0], words[-1]
+            out[stage] = out.get(base, VLLM_ENTRYPOINT)
+        elif op == "ENTRYPOINT" and stage:
+            out[stage] = json.loads(rest) if rest.startswith("[") else ["/bin/sh", "-c", rest]
+    return out
+
+
+def documented_docker_runs() -> list[tuple[str, str, list[str]]]:
+    """(where, image, what follows the image) of every `docker run` the README and the Dockerfile write."""
+    out = []
+    for path in (REPO / "README.md", MANIFESTS / "docker" / "Dockerfile"):
+        text = path.read_text().replace("\\\n", " ")
+        for m in re.finditer(r"docker run ([^`\n]*)", text):
+            words = shlex.split(re.split(r"\s[>|;]|&&", m.group(1))[0])
+            i = 0
+            while words[i].startswith("-"):
+                i += 1 if "=" in words[i] or words[i] not in _DOCKER_RUN_VALUED else 2
+            out.append((f"{path.name}: {m.group(0)}", words[i], words[i + 1:]))
+    return out
+
+
+def test_docker_run_with_a_command_runs_that_command():
+    """`docker run IMAGE warmer fingerprint --json` (the baked build's fingerprint) and `docker run
+    IMAGE bash scripts/gpu-accept.sh` run what they name only where the `warmer` image resets vLLM's
+    ENTRYPOINT (else: `vllm serve warmer fingerprint --json`); the baked images keep theirs, which
+    takes vLLM's flags."""
+    entrypoints = dockerfile_entrypoints()
+    runs = documented_docker_runs()
+    with_a_command = [(where, image, argv) for where, image, argv in runs if argv and not argv[0].startswith("-")]
+    assert {argv[0] for _, _, argv in with_a_command} == {"warmer", "bash"}, runs
+    for where, image, argv in with_a_command:
+        assert image in (WARMER_IMAGE, "IMAGE"), where
+        assert entrypoints["warmer"] + argv == argv, f"{where} runs {entrypoints['warmer'] + argv}"
+    flags_only = [(where, argv) for where, _, argv in runs if argv and argv[0].startswith("-")]
+    assert flags_only
+    for stage in ("baked", "baked-from-file"):
+        assert entrypoints[stage] == ["/usr/local/bin/vllm-serve-warm"], stage
+    # The pods run that image with their own command: args alone would follow its ENTRYPOINT.
+    for path, doc in WORKLOADS:
+        for c in pod_spec(doc).get("initContainers", []) + pod_spec(doc)["containers"]:
+            if c["image"] == WARMER_IMAGE:
+                assert c.get("command"), f"{path.name}: {c['name']}"
+
+
 def test_skus_and_recipes_in_manifests_agree():
     for f in sorted((MANIFESTS / "models").glob("*.toml")):
         for t in tomllib.loads(f.read_text()).get("targets", []):
@@ -320,9 +466,9 @@ def test_dockerfile_baked_stages_hand_the_root_to_the_user_vllm_runs_as():
         users = [rest for op, rest in stages[name] if op == "USER"]
         assert users == ["${VLLM_UID}:${VLLM_GID}"], name
         assert {("ARG", "VLLM_UID"), ("ARG", "VLLM_GID")} <= set(stages[name])  # global ARGs, brought in
-    deployment, _ = init_container()
-    sec = pod_spec(deployment)["securityContext"]
-    assert (int(args["VLLM_UID"]), int(args["VLLM_GID"])) == (sec["runAsUser"], sec["runAsGroup"])
+    for _, deployment, _ in FETCHING:
+        sec = pod_spec(deployment)["securityContext"]
+        assert (int(args["VLLM_UID"]), int(args["VLLM_GID"])) == (sec["runAsUser"], sec["runAsGroup"])
 
 
 # --- ownership: the serving process owns what it writes (DESIGN rule 10) -----------------------
@@ -543,3 +689,61 @@ def test_cloud_init_embeds_the_shipped_units_and_downloads_nothing_unpinned():
     assert env["WARMER_WHEEL_URL"].endswith(".whl")
     assert ["systemctl", "start", "warmer-prefetch.service"] in commands
     assert commands.index(install) < commands.index(["systemctl", "start", "warmer-prefetch.service"])
+
+
+# --- install-warmer.sh: the `warmer` command is linked from where pip put it ---------------------
+
+@pytest.fixture
+def python_beside_no_scripts(tmp_path) -> tuple[Path, Path]:
+    """(an interpreter, the directory pip puts its commands in), two different places, as for
+    Debian's /usr/bin/python3 (commands in /usr/local/bin): a real venv's python behind a wrapper
+    elsewhere. The wrapper's `-m pip install` stands in for pip: it writes the console script where
+    pip would, the venv's scripts directory."""
+    for tool in ("curl", "sha256sum"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} is not installed here: install-warmer.sh runs it")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    where = "import sysconfig; print(sysconfig.get_path('scripts'))"
+    scripts = Path(subprocess.run([str(venv / "bin" / "python"), "-c", where], capture_output=True, text=True,
+                                  check=True).stdout.strip())
+    console_script = shlex.quote(str(scripts / "warmer"))
+    wrapper = tmp_path / "system" / "python3"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"""#!/bin/sh
+if [ "$1 $2 $3" = "-m pip install" ]; then
+  printf '#!/bin/sh\\necho warmer 0.1.0\\n' > {console_script} && chmod +x {console_script}
+  exit
+fi
+exec {shlex.quote(str(venv / "bin" / "python"))} "$@"
+""")
+    wrapper.chmod(0o755)
+    assert scripts != wrapper.parent
+    return wrapper, scripts
+
+
+def _install_warmer(tmp_path: Path, python: Path, link: Path) -> subprocess.CompletedProcess:
+    wheel = tmp_path / "warmer-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"a stand-in: the wrapper's pip never reads it")
+    env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path), "VLLM_PYTHON": str(python), "WARMER_LINK": str(link),
+           "WARMER_WHEEL_URL": wheel.as_uri(), "WARMER_WHEEL_SHA256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
+    return subprocess.run(["sh", str(MANIFESTS / "node" / "install-warmer.sh")], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_install_warmer_links_the_command_from_the_interpreters_scripts_directory(tmp_path, python_beside_no_scripts):
+    python, scripts = python_beside_no_scripts
+    link = tmp_path / "bin" / "warmer"
+    link.parent.mkdir()
+    out = _install_warmer(tmp_path, python, link)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert link.resolve() == (scripts / "warmer").resolve() and "warmer 0.1.0" in out.stdout
+
+
+def test_install_warmer_keeps_pips_command_where_it_is_the_link(tmp_path, python_beside_no_scripts):
+    """Debian's system Python: pip's command is /usr/local/bin/warmer, the default link; linking it
+    to itself would replace it with a loop."""
+    python, scripts = python_beside_no_scripts
+    out = _install_warmer(tmp_path, python, scripts / "warmer")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert not (scripts / "warmer").is_symlink() and "warmer 0.1.0" in out.stdout
