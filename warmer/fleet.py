@@ -19,7 +19,7 @@ from warmer import fetch, fingerprint, matrix, restore
 from warmer.atomic import write_bytes
 from warmer.deadline import Deadline
 from warmer.errors import UsageError
-from warmer.recipe import Recipe, load
+from warmer.recipe import Recipe, parse, read_doc
 from warmer.store import open_store
 
 
@@ -61,31 +61,36 @@ class Outcome:
 def recipes_for_node(
     manifests: Path, node, *, skus: Path | None = None
 ) -> tuple[list[Recipe], list[tuple[str, str]], list[tuple[str, str]]]:
-    """(recipes that target a SKU this node is, [(recipe, why skipped)] for the others, [(recipe
-    file's name, why it cannot be used)]). One bad file (invalid TOML, a link out of the
-    directory, a FIFO, 100 MB) is one line, never the end of the others: on a DaemonSet, a broken
-    ConfigMap entry must not turn every recipe of every node cold."""
+    """(recipes that target a SKU this node is, [(recipe, why skipped)] for the others, [(recipe,
+    or its file's name where the name cannot be read, why it cannot be used)]). One bad file
+    (invalid TOML, a link out of the directory, a FIFO, 100 MB) is one line, never the end of the
+    others: on a DaemonSet, a broken ConfigMap entry must not turn every recipe of every node cold."""
     catalogue = skus or matrix.find_catalogue([manifests])
     catalogue_skus = matrix.load_skus(catalogue)
     mine = {name for name, sku in catalogue_skus.items() if sku.matches(node)}
     chosen, skipped, bad = [], [], []
     for f in matrix.recipe_files([manifests]):
+        # Whose recipe it is comes from its TOML alone, as for `warmer matrix`: a recipe for another
+        # SKU (or for none) is skipped even where its ${VAR}s are not set, never a bad recipe here.
         try:
-            recipe = load(f, within=f.parent)
+            doc, text = read_doc(f, within=f.parent)
+            name, targets = matrix.name_and_targets(doc, f)
         except UsageError as e:
             bad.append((f.stem, str(e)))
             continue
-        hits = sorted(mine & set(recipe.targets))
-        if hits:
-            chosen.append(recipe)
-        else:
+        if not mine & set(targets):
             skipped.append(
                 (
-                    recipe.name,
-                    f"targets {', '.join(recipe.targets) or 'no SKU'}; this node is "
+                    name,
+                    f"targets {', '.join(targets) or 'no SKU'}; this node is "
                     f"{', '.join(sorted(mine)) or 'no SKU in ' + str(catalogue)}",
                 )
             )
+            continue
+        try:
+            chosen.append(parse(doc, f, text))
+        except UsageError as e:  # this node's recipe, and unusable here: the operator's to fix
+            bad.append((name, str(e)))
     return chosen, skipped, bad
 
 

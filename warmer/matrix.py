@@ -10,10 +10,11 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from warmer import compat
 from warmer.errors import UsageError
-from warmer.recipe import NAME_RE
+from warmer.recipe import NAME_RE, read_doc
 
 CATALOGUE = "skus.toml"
 # Kubernetes' names of CPU architectures (kubernetes.io/arch) as platform.machine() spells them.
@@ -134,6 +135,19 @@ def recipe_files(paths: list[Path]) -> list[Path]:
     return out
 
 
+def name_and_targets(doc: dict[str, Any], source: Path) -> tuple[str, list[str]]:
+    """A recipe document's name and target SKUs (recipe.read_doc: nothing expanded), checked as far
+    as planning needs. The CI matrix and a node's `fetch --all` decide which recipes are theirs by
+    these alone: a recipe for another SKU must not need the model, its env or a GPU here."""
+    name, targets = doc.get("name"), doc.get("targets", [])
+    # fullmatch: the pattern's `$` would also let a trailing newline through
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise MatrixError(f"{source}: name must be lower-case letters, digits, '.', '_' or '-', got {name!r}")
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+        raise MatrixError(f'{source}: targets must be a list of SKU names, e.g. ["h200"]')
+    return name, targets
+
+
 def entries(
     paths: list[Path],
     skus: dict[str, Sku],
@@ -151,18 +165,11 @@ def entries(
     skipped: list[str] = []
     seen: dict[str, Path] = {}
     for f in recipe_files(paths):
-        try:
-            doc = tomllib.loads(f.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise MatrixError(f"{f}: not valid TOML: {e}") from e
-        name, targets = doc.get("name"), doc.get("targets", [])
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            raise MatrixError(f"{f}: name must be lower-case letters, digits, '.', '_' or '-', got {name!r}")
+        doc, _ = read_doc(f)
+        name, targets = name_and_targets(doc, f)
         if name in seen:
             raise MatrixError(f"{f} and {seen[name]} are both named {name!r}: recipe names must be unique")
         seen[name] = f
-        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-            raise MatrixError(f'{f}: targets must be a list of SKU names, e.g. ["h200"]')
         if not targets:
             skipped.append(f"{f}: no targets")
             continue

@@ -644,14 +644,22 @@ def read_recipe_file(source: Path, within: Path | None = None) -> str:
         raise RecipeError(f"recipe {source} is not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def load(path: str | os.PathLike[str], *, schema_later: bool = False, within: Path | None = None) -> Recipe:
-    """The recipe in the TOML file at path (schema_later: see parse; within: read_recipe_file)."""
+def read_doc(path: str | os.PathLike[str], *, within: Path | None = None) -> tuple[dict[str, Any], str]:
+    """A recipe file's TOML document and its text, as written: no ${VAR} expanded, nothing checked
+    (within: read_recipe_file). Planning reads its name and targets from this alone
+    (warmer.matrix.name_and_targets), so that a recipe for another SKU never needs this machine's
+    env; parse() makes it a Recipe."""
     source = Path(path)
     text = read_recipe_file(source, within)
     try:
-        doc = tomllib.loads(text)
+        return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as e:
         m = _TOML_AT.search(str(e))
         at = f"{source}:{m.group(1)}:{m.group(2)}" if m else str(source)
         raise RecipeError(f"{at}: not valid TOML: {_TOML_AT.sub('', str(e))}") from e
-    return parse(doc, source, text, schema_later=schema_later)
+
+
+def load(path: str | os.PathLike[str], *, schema_later: bool = False, within: Path | None = None) -> Recipe:
+    """The recipe in the TOML file at path (schema_later: see parse; within: read_recipe_file)."""
+    doc, text = read_doc(path, within=within)
+    return parse(doc, Path(path), text, schema_later=schema_later)

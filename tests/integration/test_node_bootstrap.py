@@ -7,6 +7,7 @@ import configparser
 import json
 import os
 import shlex
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -14,7 +15,9 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, run_warmer, time_cap
-from warmer import build, restore
+from tests.fixtures import nodes
+from warmer import build, fingerprint, restore
+from warmer.fleet import fetch_all, write_metrics
 from warmer.recipe import parse
 from warmer.store import open_store
 
@@ -122,6 +125,70 @@ def test_one_bad_recipe_file_never_stops_the_others(fleet, tmp_path):
     prom = _prom(metrics.read_text())
     assert all(prom[f'warmer_fetch_status{{recipe="{name}",status="bad-recipe"}}'] == 1 for name in bad)
     assert prom['warmer_fetch_status{recipe="alpha",status="hit"}'] == 1
+
+
+def _shipped_manifests(tmp_path: Path) -> Path:
+    """manifests/ as an operator copies it: the catalogue and the recipes, nothing edited."""
+    manifests = tmp_path / "manifests"
+    shutil.copytree(MANIFESTS / "models", manifests / "models")
+    shutil.copy(MANIFESTS / "skus.toml", manifests / "skus.toml")
+    return manifests
+
+
+@pytest.mark.parametrize("node", ["cpu:amd-genoa", "cpu:aws-graviton3", "gpu:h200", "gpu:rtx-5090"])
+def test_the_shipped_recipes_never_make_a_bad_round_where_their_env_is_not_set(tmp_path, monkeypatch, node):
+    """The tiny demo and acceptance recipes' model is ${WARMER_TINY_MODEL}, which no node sets: they
+    target no SKU, so fetch --all skips them (as `warmer matrix` does) before anything expands it,
+    and the systemd unit and the DaemonSet end each round with exit 0, never bad-recipe."""
+    monkeypatch.delenv("WARMER_TINY_MODEL", raising=False)
+    kind, name = node.split(":")
+    fake = nodes.cpu_node(name) if kind == "cpu" else nodes.gpu_node(name)
+    monkeypatch.setattr(fingerprint, "probe", lambda **kw: fake)
+    manifests = _shipped_manifests(tmp_path)
+    outcomes = fetch_all(manifests, f"file://{tmp_path / 'store'}", tmp_path / "cache")
+    got = {o.recipe: o for o in outcomes}
+    assert not [o.line() for o in outcomes if o.bad_recipe]
+    tiny = sorted(n for n in got if n.startswith("tiny-"))
+    assert tiny == ["tiny-llama-cpu", "tiny-llama-gpu", "tiny-qwen3-moe-gpu"]
+    assert all(got[n].status == "skipped" and got[n].why_skipped.startswith("targets no SKU;") for n in tiny)
+    write_metrics(tmp_path / "warmer.prom", outcomes)
+    assert "bad-recipe\"} 1" not in (tmp_path / "warmer.prom").read_text()
+    # This node's own recipe (an empty store: a miss) still goes through fetch.
+    mine = {"gpu:h200": "llama-3.1-8b-h200", "gpu:rtx-5090": "qwen3.6-27b-nvfp4-sm120"}.get(node)
+    assert {n for n, o in got.items() if o.status != "skipped"} == ({mine} if mine else set())
+    if mine:
+        assert got[mine].status == "miss"
+
+
+def test_the_shipped_manifests_exit_0_from_the_cli_without_their_env(tmp_path):
+    """The command the systemd unit and the DaemonSet run, on this machine, with no WARMER_TINY_MODEL."""
+    manifests = _shipped_manifests(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "WARMER_TINY_MODEL"}
+    out = run_warmer("fetch", "--all", manifests, "--store", f"file://{tmp_path / 'store'}", "--root-base",
+                     tmp_path / "cache", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    got = {o["recipe"]: o for o in json.loads(out.stdout)}
+    assert "bad-recipe" not in {o["status"] for o in got.values()}, out.stderr
+    assert got["tiny-llama-cpu"]["status"] == "skipped" and "targets no SKU" in got["tiny-llama-cpu"]["why"]
+
+
+def test_a_recipe_for_this_node_with_an_unset_variable_is_still_a_bad_recipe(tmp_path, monkeypatch):
+    """Skipping before expanding is for other SKUs' recipes only: this node's recipe that cannot
+    expand is the operator's error, said with the variable's name, and the others still run."""
+    monkeypatch.delenv("WARMER_TEST_UNSET_MODEL", raising=False)
+    monkeypatch.setattr(fingerprint, "probe", lambda **kw: nodes.cpu_node("amd-genoa"))  # cpu-x86_64
+    manifests = tmp_path / "manifests"
+    (manifests / "models").mkdir(parents=True)
+    (manifests / "skus.toml").write_text(SKUS)
+    for name, targets in {"mine": ["cpu-x86_64"], "theirs": ["h200"], "fine": ["cpu-x86_64"]}.items():
+        text = _recipe_text(name, targets)
+        if name != "fine":
+            text = text.replace(f'"/models/{name}"', '"${WARMER_TEST_UNSET_MODEL}"')
+        (manifests / "models" / f"{name}.toml").write_text(text)
+    got = {o.recipe: o for o in fetch_all(manifests, f"file://{tmp_path / 'store'}", tmp_path / "cache")}
+    assert {n: o.status for n, o in got.items()} == {"mine": "bad-recipe", "theirs": "skipped", "fine": "miss"}
+    assert "${WARMER_TEST_UNSET_MODEL}" in got["mine"].bad_recipe and "not set" in got["mine"].bad_recipe
+    assert "mine.toml" in got["mine"].bad_recipe and "this node is cpu-x86_64" in got["theirs"].why_skipped
 
 
 def _exec_start(unit: Path) -> list[str]:

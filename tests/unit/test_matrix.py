@@ -10,6 +10,8 @@ import pytest
 from tests.conftest import REPO, run_warmer
 from warmer import matrix
 from warmer.cli.build import step_summary
+from warmer.errors import UsageError
+from warmer.recipe import read_doc
 from warmer.build import BuildResult, PublishResult
 from warmer.restore import RestoreResult
 from warmer.verify import FileDelta, VerifyResult
@@ -99,6 +101,22 @@ def test_an_empty_matrix_is_an_error_not_an_empty_include(tmp_path):
     entries, _ = matrix.entries([d], matrix.load_skus(d / "skus.toml"), d / "skus.toml")
     with pytest.raises(matrix.MatrixError, match="targets"):
         matrix.github(entries)
+
+
+def test_planning_reads_name_and_targets_alone_and_checks_them(tmp_path, monkeypatch):
+    # What CI and a node's fetch --all decide by: never the model path's ${VAR}, which is not set here.
+    monkeypatch.delenv("WARMER_TINY_MODEL", raising=False)
+    doc, _ = read_doc(MANIFESTS / "models" / "tiny-llama-gpu.toml")
+    assert doc["model"]["path"] == "${WARMER_TINY_MODEL}"
+    assert matrix.name_and_targets(doc, Path("t.toml")) == ("tiny-llama-gpu", [])
+    with pytest.raises(matrix.MatrixError, match="name must be"):
+        matrix.name_and_targets({"name": "x\n"}, Path("t.toml"))  # the pattern's `$` would let it through
+    with pytest.raises(matrix.MatrixError, match="targets must be"):
+        matrix.name_and_targets({"name": "x", "targets": "h200"}, Path("t.toml"))
+    d = _recipes(tmp_path, one=(["h200"], 1))
+    (d / "models" / "broken.toml").write_text("name = [unclosed\n")
+    with pytest.raises(UsageError, match=r"broken.toml:1:\d+: not valid TOML"):
+        matrix.entries([d], matrix.load_skus(d / "skus.toml"), d / "skus.toml")
 
 
 def test_duplicate_recipe_names_are_an_error(tmp_path):
