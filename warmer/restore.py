@@ -494,16 +494,30 @@ def prepare(root: Path, owner: tuple[int, int] | None = None) -> str | None:
         (root / PREPARED).touch()
     dirs = _writes_into(root)
     # root and, when root's flashinfer/ is the link warmer makes, the shared workspace's top: another
-    # link there (a pod can plant one in its own root) is not followed, and nothing above them is touched.
+    # link (a pod can plant one in its own root, at any depth) is not followed, and nothing above them
+    # is touched: this may run as root, and the pod would be handed what the link points at.
     shared = workspace.Workspace.linked_from(root)
     tops = [root, *([shared.top] if shared else [])]
-    for d in dirs:
-        if any(d.is_relative_to(t) for t in tops):
-            d.mkdir(parents=True, exist_ok=True)
+    mine = [d for d in dirs if _linkless(d, tops)]
+    for d in mine:
+        d.mkdir(parents=True, exist_ok=True)
     if owner and os.geteuid() == 0:  # each directory from a top down to every cache directory
-        for path in {p for d in dirs for p in (d, *d.parents) if any(p.is_relative_to(t) for t in tops)}:
+        for path in {p for d in mine for p in (d, *d.parents) if any(p.is_relative_to(t) for t in tops)}:
             os.lchown(path, *owner)
     return unwritable(root, owner, dirs)
+
+
+def _linkless(d: Path, tops: list[Path]) -> bool:
+    """Whether d lies under one of tops with no link from that top down to it."""
+    for top in tops:
+        if d.is_relative_to(top):
+            p = top
+            for part in d.relative_to(top).parts:
+                p = p / part
+                if p.is_symlink():
+                    return False
+            return True
+    return False
 
 
 def _os_error(e: OSError, root: Path) -> RestoreError:

@@ -223,3 +223,21 @@ def test_prepare_follows_only_warmers_own_link_and_never_hands_over_what_is_abov
     top = base / workspace.SHARED / "0123456789abcdef"
     assert os.stat(top).st_uid == os.stat(top / workspace.WS).st_uid == SERVING
     assert os.stat(shared).st_uid == os.stat(base).st_uid == os.stat(top.parent).st_uid == 0
+
+
+def test_prepare_follows_no_link_the_pod_planted_deeper_in_its_root(shared):
+    """The same pod plants a link one level down, where FlashInfer's autotune directory lies
+    (flashinfer/.cache): the fetch as root creates nothing through it, hands nothing behind it to
+    the pod, and vLLM is told the directory is not there."""
+    root = shared / "hostpath" / "tiny"
+    (root / "flashinfer").mkdir(parents=True)
+    (root / restore.PREPARED).touch()
+    os.chown(root, SERVING, SERVING)
+    elsewhere = shared / "elsewhere"
+    (elsewhere / "flashinfer").mkdir(parents=True)  # a directory of that name, which the pod must not get
+    (root / "flashinfer" / ".cache").symlink_to(elsewhere)
+
+    assert "flashinfer/.cache/flashinfer/autotune does not exist" in restore.prepare(root, owner=(SERVING, SERVING))
+    assert sorted(p.name for p in elsewhere.rglob("*")) == ["flashinfer"]  # no autotune/ made through the link
+    assert os.stat(elsewhere / "flashinfer").st_uid == os.stat(elsewhere).st_uid == 0
+    assert os.stat(root / "vllm").st_uid == SERVING  # the rest of the root is prepared as before
