@@ -144,10 +144,9 @@ def test_owner_needs_root(node):
     assert not (node["home"] / "r").exists()
 
 
-def test_owner_hands_the_shared_flashinfer_workspace_to_the_serving_user(shared):
-    """An artifact built in the shared FlashInfer workspace (warmer/workspace.py), fetched as root
-    with --owner: the workspace beside the roots is the serving user's too (vLLM writes FlashInfer's
-    locks and new modules there), and that user's later fetch finds it intact."""
+def published_module(shared: Path, layers: bool = False) -> tuple[Path, str]:
+    """(the root base, the file store) of an artifact built in the shared FlashInfer workspace
+    (warmer/workspace.py) and published: one module, silu_and_mul; the build's root base removed."""
     from tests.unit.test_shared_workspace import HAS_FLASHINFER, _module, _pack
     if not HAS_FLASHINFER:
         pytest.skip("flashinfer-python is not installed")
@@ -155,7 +154,15 @@ def test_owner_hands_the_shared_flashinfer_workspace_to_the_serving_user(shared)
     _pack(base / "tiny", "tiny", _module("silu_and_mul", os.urandom(20_000)), out)
     shutil.rmtree(base)
     store = f"file://{shared / 'store'}"
-    build.publish(open_store(store), out)
+    build.publish(open_store(store), out, layers=layers)
+    return base, store
+
+
+def test_owner_hands_the_shared_flashinfer_workspace_to_the_serving_user(shared):
+    """An artifact built in the shared FlashInfer workspace (warmer/workspace.py), fetched as root
+    with --owner: the workspace beside the roots is the serving user's too (vLLM writes FlashInfer's
+    locks and new modules there), and that user's later fetch finds it intact."""
+    base, store = published_module(shared)
     recipe, home, root = write_tiny_recipe(shared / "tiny.toml"), shared / "home", base / "tiny"
     home.mkdir()
     os.chown(home, SERVING, SERVING)
@@ -177,14 +184,7 @@ def test_owner_on_a_root_already_active_hands_over_the_shared_flashinfer_workspa
     """A node fetched as root without --owner, then with it (its pods now run as uid 1000): the fetch is
     a no-op, and hands over the root and the workspace beside it, whose module locks FlashInfer takes
     on every load (cached_ops/tmp/M.lock: as root's, vLLM failed at start on PermissionError)."""
-    from tests.unit.test_shared_workspace import HAS_FLASHINFER, _module, _pack
-    if not HAS_FLASHINFER:
-        pytest.skip("flashinfer-python is not installed")
-    base, out = shared / "cache", shared / "tiny.tar.zst"
-    _pack(base / "tiny", "tiny", _module("silu_and_mul", os.urandom(20_000)), out)
-    shutil.rmtree(base)
-    store = f"file://{shared / 'store'}"
-    build.publish(open_store(store), out, layers=True)
+    base, store = published_module(shared, layers=True)
     recipe, root = write_tiny_recipe(shared / "tiny.toml"), base / "tiny"
 
     assert warmer("fetch", recipe, "--store", store, "--root", root, "--require").returncode == 0
