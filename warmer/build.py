@@ -153,11 +153,7 @@ def build(
 ) -> BuildResult:
     root = restore.check_root(root)
     store = open_store(store_url) if isinstance(store_url, str) else store_url
-    if root.exists() and any(root.iterdir()):
-        raise BuildError(
-            f"root {root} is not empty: a build warms from cold, so give it an empty or "
-            "new directory (the same path the nodes will serve from)"
-        )
+    build_time()  # a malformed SOURCE_DATE_EPOCH is said now, not at the pack after a cold warm-up
     warmup.require_model(recipe)  # at once: not after the fingerprint and seconds of engine start-up
     with progress.step(f"build: fingerprint and {store.url} check") as s:
         target = Target.of(recipe, root)
@@ -167,9 +163,46 @@ def build(
         s.done(
             f"key {target.key[:16]}, " + ("already published: nothing to build" if published else "not published yet")
         )
-    if published:
+    if published:  # whatever the root holds: a job run again on a kept root has nothing to do
         return BuildResult(recipe.name, target.key, store.url, "already-published", warnings=warnings)
+    with _claimed(root):
+        if root.exists() and any(root.iterdir()):
+            raise BuildError(
+                f"root {root} is not empty: a build warms from cold, so give it an empty or "
+                "new directory (the same path the nodes will serve from)"
+            )
+        return _warm_to_publish(recipe, store, target, workdir, warnings, allow_partial, sign_key, layers)
 
+
+@contextmanager
+def _claimed(root: Path) -> Iterator[None]:
+    """root, this build's from its empty check to its publish (a lock beside it): a second build
+    given the same root (two jobs on one runner) would warm into this one's caches and pack them,
+    and this one's verify would swap the root under that one's engine."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as held:
+        try:
+            held.enter_context(restore.locked(root.with_name(f"{root.name}.build"), timeout=0))
+        except restore.RestoreError as e:
+            raise BuildError(
+                f"another warmer build is using root {root} ({e}): give each build a root of its own"
+            ) from e
+        yield
+
+
+def _warm_to_publish(
+    recipe: Recipe,
+    store: Store,
+    target: Target,
+    workdir: Path,
+    warnings: tuple[str, ...],
+    allow_partial: bool,
+    sign_key: str | None,
+    layers: bool,
+) -> BuildResult:
+    """The build past its checks: warm, pack, verify (again with AOT off where vLLM could not reload
+    its AOT artifact), then publish a hit."""
+    root = target.root
     attempt = Attempt(recipe, workdir, {})
     verified = _warm_pack_verify(attempt, target)
     if verified.report.log_events.get("aot_load_failure") and AOT_ENV not in recipe.env and not allow_partial:

@@ -42,15 +42,28 @@ def progress_lines():
     logger.setLevel(level)
 
 
+class Started(list):
+    """The labels the engine was started with; envs: each start's extra_env; hold: called as a cold
+    run starts (a build caught mid-warm-up)."""
+
+    def __init__(self):
+        super().__init__()
+        self.envs: list[dict | None] = []
+        self.hold = None
+
+
 @pytest.fixture
 def engine(monkeypatch):
     """warmup.run_engine without vLLM: the cold run leaves a cache tree in the root, as the warm-up
     does; later runs write nothing (a full hit). Returns the labels it was started with."""
-    labels: list[str] = []
+    labels = Started()
 
     def run_engine(recipe, root, workdir, label, *, extra_env=None):
         warmup.require_model(recipe)
         labels.append(label)
+        labels.envs.append(extra_env)
+        if labels.hold is not None and label.startswith("cold"):
+            labels.hold()
         restore.prepare(root)
         if label.startswith("cold"):
             make_cache_tree(root)
@@ -191,3 +204,56 @@ def test_source_date_epoch_makes_packs_of_one_root_the_same_bytes(tmp_path, monk
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
     with pytest.raises(UsageError, match="SOURCE_DATE_EPOCH='yesterday'"):
         build.pack_root(src, tiny_recipe(), tmp_path / "three.tar.zst")
+
+
+# -- what a build claims, and what it checks first ---------------------------------------------------
+
+def test_a_bad_source_date_epoch_stops_the_build_before_the_warm_up(tmp_path, engine, model, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "")  # $(git log -1 --format=%ct) run outside a checkout
+    with pytest.raises(UsageError, match="SOURCE_DATE_EPOCH=''"):
+        build.build(tiny_recipe(str(model)), open_store(f"file://{tmp_path / 'store'}"), tmp_path / "root", tmp_path / "w")
+    assert engine == [] and not (tmp_path / "root").exists()  # no cold run paid for, the root left empty
+
+
+def test_a_second_build_on_the_same_root_is_refused_while_the_first_runs(tmp_path, engine, model):
+    """Two jobs on one runner given one root: the second would warm into the first one's caches and
+    pack them under its own key, and the first one's verify would swap the root under it."""
+    import threading
+
+    store, root = open_store(f"file://{tmp_path / 'store'}"), tmp_path / "root"
+    warming, go_on = threading.Event(), threading.Event()
+
+    def hold():
+        warming.set()
+        assert go_on.wait(30)
+    engine.hold = hold
+    first: list = []
+    a = threading.Thread(target=lambda: first.append(build.build(tiny_recipe(str(model)), store, root, tmp_path / "a")))
+    a.start()
+    try:
+        assert warming.wait(30)
+        engine.hold = None
+        with pytest.raises(build.BuildError, match=f"another warmer build is using root {root}"):
+            build.build(tiny_recipe(str(model), max_model_len=64), store, root, tmp_path / "b")
+    finally:
+        go_on.set()
+        a.join(30)
+    assert first and first[0].status == "published" and engine == ["cold", "verify"]
+    # Run again on the root it left (a kept root): its key is published, nothing to do.
+    again = build.build(tiny_recipe(str(model)), store, root, tmp_path / "c")
+    assert again.status == "already-published" and engine == ["cold", "verify"]
+
+
+def test_verify_starts_the_engine_with_the_env_the_artifact_is_served_with(tmp_path, engine, model):
+    """A build that turned AOT off publishes that in serve_env; fetch and serve pass it on, and so
+    must `warmer verify` on a node: with vLLM 0.32's default (AOT on) that start would compile."""
+    from warmer import api
+
+    src, art = tmp_path / "src", tmp_path / "a.tar.zst"
+    make_cache_tree(src)
+    build.pack_root(src, tiny_recipe(str(model)), art, serve_env={build.AOT_ENV: "0"})
+    root = tmp_path / "root"
+    restore.restore_file(art, root)
+    report = api.verify(tiny_recipe(str(model)), root, workdir=tmp_path / "w")
+    assert engine == ["verify"] and engine.envs == [{build.AOT_ENV: "0"}]
+    assert report.verdict == "hit"

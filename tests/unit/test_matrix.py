@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_warmer
+from tests.conftest import REPO, run_warmer, write_tiny_recipe
 from warmer import matrix
 from warmer.cli.build import step_summary
 from warmer.errors import UsageError
@@ -192,9 +192,10 @@ def test_build_writes_the_summary_when_it_fails_early(tmp_path):
     (root / "leftover").mkdir(parents=True)
     summary = tmp_path / "summary.md"
     summary.write_text("earlier step\n")
-    out = run_warmer("build", MANIFESTS / "models" / "llama-3.1-8b-h200.toml", "--store", f"file://{tmp_path / 's'}",
-                  "--root", root, "--step-summary", summary)
+    (tmp_path / "model").mkdir()
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml", model_path=str(tmp_path / "model"))
+    out = run_warmer("build", recipe, "--store", f"file://{tmp_path / 's'}", "--root", root, "--step-summary", summary)
     assert out.returncode == 1 and "not empty" in out.stderr
     text = summary.read_text()
     assert text.startswith("earlier step\n")  # appended, as GitHub expects
-    assert "llama-3.1-8b-h200" in text and "failed" in text and "not empty" in text
+    assert "tiny" in text and "failed" in text and "not empty" in text
