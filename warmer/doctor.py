@@ -27,7 +27,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmer import compat, components, fingerprint, restore
+from warmer import compat, components, fingerprint, restore, workspace
 from warmer.contract import user_name
 from warmer.envfile import EnvFile
 from warmer.errors import UsageError
@@ -115,22 +115,35 @@ def cache_paths(env: dict[str, str], user: str) -> list[tuple[str, str, bool]]:
 
 
 def _find_root(env: dict[str, str], resolve) -> Path | None:
-    """The warmer root the env points into: where VLLM_CACHE_ROOT's parent holds a marker."""
+    """The warmer root the env points into: where VLLM_CACHE_ROOT's parent holds a marker, or the
+    mark of a root fetch prepared for a cold start (a miss: said as with --root, not passed over)."""
     v = env.get("VLLM_CACHE_ROOT")
     if v:
         parent = Path(resolve(v)).parent
-        if restore.active(parent):
+        if restore.active(parent) or (parent / restore.PREPARED).is_file():
             return parent
     return None
 
 
 def _locations(env, mounts, resolve, user, root: Path | None, marker) -> tuple[list[dict], list[Finding]]:
     rows, findings = [], []
+    homes: list[str] = []  # where the active artifact's files lie
+    if root and marker:
+        homes.append(str(root))
+        # The shared FlashInfer workspace the root links to lies beside it by design (README, "The
+        # shared FlashInfer workspace") and holds its FlashInfer files: on the root's own filesystem
+        # (both baked in the image, or on one volume) it is the artifact's as the root is. Only
+        # warmer's own link counts (any other may point anywhere); on another mount it is judged alone.
+        shared = workspace.Workspace.linked_from(root)
+        ws = resolve(str(shared.path)) if shared else None
+        if ws and mount_of(ws, mounts) is mount_of(resolve(str(root)), mounts):
+            homes.append(ws)
     for var, path, default in cache_paths(env, user):
         real = resolve(path)
         m = mount_of(real, mounts)
         kind, meaning = classify(m)
-        in_root = bool(root and marker and under(real, str(root)))
+        home = next((h for h in homes if under(real, h)), None)
+        in_root = home is not None
         rows.append(
             {
                 "var": var,
@@ -162,8 +175,9 @@ def _locations(env, mounts, resolve, user, root: Path | None, marker) -> tuple[l
                         INFO,
                         "cache-location",
                         var,
-                        f"{where} is inside the image (overlay), "
-                        "in the active artifact's root: baked in, restored with every pod",
+                        f"{where} is inside the image (overlay), in the active artifact's "
+                        + ("root" if home == str(root) else "shared FlashInfer workspace, which its root links to")
+                        + ": baked in, restored with every pod",
                         "none needed; what vLLM compiles on top is lost with the pod",
                     )
                 )

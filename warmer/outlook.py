@@ -3,7 +3,7 @@
 One answer, as a list of typed findings, for the three places that ask: fetch (right after it
 activates), `warmer serve` (before it starts vLLM) and `warmer doctor` (inside a pod). Each finding
 names the check, what it found and the fix. The checks, in order:
-- recipe: the artifact is another recipe's;
+- recipe: the artifact is another recipe's, or another version of this one (edited since);
 - artifact: the env does not point every cache into the root, or lacks what the build served with
   (the recipe's env, the env the build added);
 - vllm-key: what vLLM hashed at build, against this env (vllm/envs.py compile factors);
@@ -68,16 +68,8 @@ def outlook(
         if name in held or name not in art.components
     }
     out = [f for check in checked.values() for f in check.findings]
-    if recipe is not None and art.recipe.name != recipe.name:
-        out.append(
-            Finding(
-                WARNING,
-                "recipe",
-                str(root),
-                f"the artifact active in {root} is recipe {art.recipe.name}'s, not {recipe.name}'s",
-                f"fetch {recipe.name}'s artifact into a root of its own",
-            )
-        )
+    if recipe is not None:
+        out += _recipe(recipe, root, art, held if components is not None else None)
     vllm_held = "vllm" in held or "vllm" not in art.components
     if vllm_held:  # what vLLM hashes matters only where its own cache was restored
         out += _served_as_built(art, env)
@@ -129,6 +121,49 @@ def outlook(
             )
     details = {name: check.detail for name, check in checked.items() if check.detail is not None}
     return Outlook(tuple(out), differences, details)
+
+
+def _recipe(recipe: Recipe, root: Path, art: Artifact, held: tuple[str, ...] | None) -> list[Finding]:
+    """The recipe served against the one the artifact was warmed with. Another version of it (an
+    edited engine arg, model, env or workload) has another key: fetch misses and leaves this artifact
+    active, and vLLM, started with the new args, compiles from cold. held: a partial hit's layers;
+    only those keyed on the recipe can be stale (fetch restored the others for this recipe)."""
+    out = []
+    if art.recipe.name != recipe.name:
+        out.append(
+            Finding(
+                WARNING,
+                "recipe",
+                str(root),
+                f"the artifact active in {root} is recipe {art.recipe.name}'s, not {recipe.name}'s",
+                f"fetch {recipe.name}'s artifact into a root of its own",
+            )
+        )
+    if held is not None and not any(compat.layer_rule(c).recipe for c in held):
+        return out
+    # The name alone is none of what vLLM hashes: said above, as a warning.
+    differ = [d for d in compat.recipe_decisions(art.recipe.identity, recipe.identity()) if d.field != "recipe.name"]
+    if differ:
+        fields = "; ".join(
+            f"{d.field.removeprefix('recipe.')} {_shown(d.built)} at build, {_shown(d.node)} here" for d in differ
+        )
+        out.append(
+            Finding(
+                ERROR,
+                "recipe",
+                str(root),
+                f"the artifact active in {root} was warmed with another version of recipe {art.recipe.name} "
+                f"({fields}): its caches are not this recipe's (vLLM hashes the model and engine args into "
+                "its compile key), so vLLM compiles from cold",
+                "build and fetch an artifact of this recipe (`warmer fetch` says why it missed), or serve the "
+                "recipe the artifact was warmed with (`warmer inspect` shows it)",
+            )
+        )
+    return out
+
+
+def _shown(value: object) -> str:
+    return "unset" if value is None else repr(value)
 
 
 def _served_as_built(art: Artifact, env: Mapping[str, str]) -> list[Finding]:

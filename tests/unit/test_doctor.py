@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import REPO, tiny_recipe
 from tests.fixtures import nodes
-from warmer import components, doctor, mounts, restore, serving
+from warmer import components, doctor, mounts, restore, serving, workspace
 from warmer.cli import doctor as doctor_cli
 from warmer.envfile import EnvFile
 
@@ -306,3 +306,59 @@ def test_cli_reads_the_env_of_a_process(tmp_path):
 @pytest.mark.parametrize("text", ["", "garbage line\n", "1 2 3\n"])
 def test_unparseable_lines_are_skipped(text):
     assert mounts.parse_mountinfo(text) == []
+
+
+# --- a root fetch prepared after a miss; the shared FlashInfer workspace of a baked root ----------------
+
+def test_a_root_prepared_after_a_miss_is_found_from_the_env_and_said_as_with_root(tmp_path):
+    """`kubectl exec ... warmer doctor --pid 1` in a pod whose fetch missed: the env points into a root
+    fetch prepared for a cold start; doctor must say no artifact is active, not report an all-clear."""
+    root = tmp_path / "root"
+    restore.prepare(root)
+    env = {**POD_ENV, **serving.vllm_env(tiny_recipe(), root).vars}
+    mountinfo = sample("hostpath").replace(" /cache ", f" {tmp_path} ")
+    found = doctor.diagnose(env, mountinfo)
+    assert found.root == str(root)
+    (f,) = by(found, check="artifact")
+    assert f.severity == "warning" and "no warmer artifact is active" in f.what
+    assert found.findings == doctor.diagnose(env, mountinfo, root=root).findings
+    # A directory warmer did not prepare is not taken for a root.
+    (root / restore.PREPARED).unlink()
+    assert doctor.diagnose(env, mountinfo).root is None
+
+
+KEY = "0123456789abcdef"  # a workspace key, as workspace.key() names one
+
+
+@pytest.fixture
+def baked_root(tmp_path, packed):
+    """An active root at BASE/tiny whose flashinfer/ is warmer's link to BASE/.flashinfer/KEY/ws."""
+    root = tmp_path / "base" / "tiny"
+    restore.restore_file(packed("a").path, root)
+    (root.parent / ".flashinfer" / KEY / "ws").mkdir(parents=True)
+    (root / "flashinfer").rmdir()
+    (root / "flashinfer").symlink_to(workspace.target(KEY))
+    return root
+
+
+def test_the_shared_flashinfer_workspace_of_a_baked_root_is_baked_with_it(baked_root):
+    env = {**POD_ENV, **serving.vllm_env(tiny_recipe(), baked_root).vars}
+    assert env["FLASHINFER_WORKSPACE_BASE"] == str(baked_root.parent / ".flashinfer" / KEY / "ws")
+    result = doctor.diagnose(env, sample("overlay-root"), root=baked_root)
+    fi = by(result, check="cache-location", subject="FLASHINFER_WORKSPACE_BASE")
+    assert [f.severity for f in fi] == ["info"] and "shared FlashInfer workspace" in fi[0].what, fi
+    assert location(result, "FLASHINFER_WORKSPACE_BASE")["in_active_root"]
+    assert result.ok and not by(result, check="cache-location", severity="warning")
+
+
+def test_a_workspace_that_is_not_warmers_link_or_not_on_the_roots_mount_is_still_reported(baked_root):
+    env = {**POD_ENV, **serving.vllm_env(tiny_recipe(), baked_root).vars}
+    # The root on a volume of its own, the workspace beside it on the container's overlay: wiped.
+    volume = sample("overlay-root") + f"1600 1538 259:1 /x {baked_root} rw,relatime - ext4 /dev/nvme0n1p1 rw\n"
+    result = doctor.diagnose(env, volume, root=baked_root)
+    assert [f.severity for f in by(result, subject="FLASHINFER_WORKSPACE_BASE")] == ["error"]
+    # Another link than warmer's (an absolute one here) says nothing of where it points.
+    (baked_root / "flashinfer").unlink()
+    (baked_root / "flashinfer").symlink_to(baked_root.parent / ".flashinfer" / KEY / "ws")
+    result = doctor.diagnose(env, sample("overlay-root"), root=baked_root)
+    assert [f.severity for f in by(result, subject="FLASHINFER_WORKSPACE_BASE")] == ["error"]

@@ -131,3 +131,22 @@ def test_explain_names_the_field_that_decides_each_layer(sxm_store, tmp_path):
     assert any("layer inductor: NO" in line and "gpu.name" in line for line in lines), out.stdout
     assert any("layer flashinfer: fits" in line and "gpu.arch" in line for line in lines), out.stdout
     assert any("layer triton: fits" in line and "gpu.compute_capability" in line for line in lines), out.stdout
+
+
+def test_a_partial_hit_for_an_edited_recipe_is_not_called_another_versions(sxm_store, tmp_path):
+    """The recipe was edited since the build: only the layers that do not key on the recipe are
+    restored (for this recipe, as fetch said); the outlook judges the recipe only where a layer it
+    holds keys on it."""
+    store, _ = sxm_store
+    node = tmp_path / "root"
+    edited = tiny_recipe(max_num_seqs=8)
+    got = fetch.fetch(edited, store, node, gpus=_gpus("h100-sxm"))
+    assert got.status == "partial" and {"flashinfer", "triton"} <= set(got.components)
+    assert not {"inductor", "vllm"} & set(got.components)
+    assert not any("warmed with another version" in w for w in got.warnings), got.warnings  # the outlook's
+    marker = restore.active(node)
+    env = dict(serving.artifact_env(edited, node, marker.artifact, components=marker.components).vars)
+    part = outlook(edited, node, marker.artifact, env, components=marker.components)
+    assert not any(f.check == "recipe" for f in part.findings), part.findings
+    whole = outlook(edited, node, marker.artifact, env)  # the control: the whole artifact is another version's
+    assert any(f.check == "recipe" and "engine.max_num_seqs" in f.what for f in whole.findings), whole.findings
