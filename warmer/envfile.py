@@ -1,9 +1,13 @@
 """The env file vLLM starts with: written by fetch and restore, read back by doctor and serve.
 
 Two formats:
-    shell   `export KEY='value'`: sourced by sh (`set -a; . FILE; set +a`), any value
-    dotenv  KEY=value, or KEY='value' when the value needs quoting: read alike by sh, systemd's
-            EnvironmentFile and docker compose (`docker run --env-file` keeps quotes literally)
+    shell   `export KEY='value'`: sourced by sh (`set -a; . FILE; set +a`), any value (a quoted
+            newline spans lines, as sh reads it)
+    dotenv  KEY=value, or KEY='value' (KEY="value" when it holds a `'`) when the value needs
+            quoting: read alike by sh, systemd's EnvironmentFile and docker compose (`docker run
+            --env-file` keeps quotes literally). Its readers take it line by line, so a newline,
+            or a `'` with one of $ ` " \\ (what sh expands in "..."), is refused: use shell
+Neither carries a control character other than tab and newline (UNSAFE).
 
 A Deployment sources this file, so what goes in is checked like untrusted input: names are
 identifiers, values hold no NUL, and a value is quoted whenever it holds anything but plain
@@ -23,6 +27,11 @@ from warmer.untrusted import InvalidDocument
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PLAIN = re.compile(r"^[A-Za-z0-9_./:,@%+=-]*$")  # nothing sh would expand or split
+# What no env value may hold (NUL aside: check_value): control characters but tab and newline,
+# and Unicode's line separators. Never part of a real setting, and not carried: serve and doctor
+# read the file in Python's text mode, which reads \r as a newline. recipe.py refuses them in [env].
+UNSAFE = re.compile(r"[\x01-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+EXPANDED = re.compile(r'[$`"\\]')  # what sh (and compose) reads specially inside "..."
 FORMATS = ("dotenv", "shell")
 MAX_BYTES = 1 << 20
 
@@ -34,7 +43,7 @@ class EnvFileError(InvalidDocument):
 
 
 def check_name(name: str, where: str = "env") -> str:
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):  # not match: `$` also matches before a trailing newline
         raise EnvFileError(
             f"{where}: {name!r} is not a valid variable name (letters, digits and '_', not "
             "starting with a digit); it would become a shell command where the file is sourced"
@@ -88,15 +97,22 @@ class EnvFile:
             raise UsageError(f"env format {fmt!r}: use one of {', '.join(FORMATS)}")
         lines = []
         for k, v in self.vars.items():
+            if bad := UNSAFE.search(v):
+                raise EnvFileError(
+                    f"env {k} holds U+{ord(bad.group()):04X}, a control character or line separator, which an "
+                    "env file cannot carry (only text, tabs and newlines): remove it"
+                )
             if fmt == "shell":
                 lines.append(f"export {k}={shlex.quote(v)}")
-            elif PLAIN.match(v):
+            elif PLAIN.fullmatch(v):
                 lines.append(f"{k}={v}")
-            elif "'" in v or "\n" in v:
+            elif "\n" in v or ("'" in v and EXPANDED.search(v)):  # readers take a dotenv file line by line
+                why = "a newline" if "\n" in v else "a ' and one of $ ` \" \\"
                 raise EnvFileError(
-                    f"env {k} holds a quote or a newline, which a dotenv file cannot carry safely: "
-                    "use --env-format shell"
+                    f"env {k} holds {why}, which a dotenv file cannot carry safely: use --env-format shell"
                 )
+            elif "'" in v:
+                lines.append(f'{k}="{v}"')
             else:
                 lines.append(f"{k}='{v}'")
         return "\n".join(lines) + "\n"
@@ -107,30 +123,57 @@ class EnvFile:
         if len(text) > MAX_BYTES:
             raise EnvFileError(f"{where} is over {MAX_BYTES} bytes: not an env file warmer wrote")
         env: dict[str, str] = {}
-        for n, line in enumerate(text.splitlines(), 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
+        lines = text.split("\n")  # as sh splits them (str.splitlines also splits at \v, \x1c, \u2028...)
+        n = 0
+        while n < len(lines):
+            line = lines[n].lstrip()
+            n += 1
+            at = f"{where}:{n}"
+            if not line.strip() or line.startswith("#"):
                 continue
             if line.startswith("export "):
                 body = line[len("export ") :]
             else:  # dotenv: a quoted value as sh reads it, an unquoted one literally (as docker does)
-                k, eq, v = line.partition("=")
+                k, eq, v = line.strip().partition("=")
                 if v[:1] not in ("'", '"'):
                     if not eq:
-                        raise EnvFileError(f"{where}:{n}: {line[:60]!r} is not KEY=VALUE")
-                    env[check_name(k.strip(), f"{where}:{n}")] = check_value(k, v, f"{where}:{n}")
+                        raise EnvFileError(f"{at}: {line.strip()[:60]!r} is not KEY=VALUE")
+                    env[check_name(k.strip(), at)] = check_value(k, v, at)
                     continue
                 body = line
+            parts, quote = [body], _open_quote(body)
+            while quote and n < len(lines):  # a quoted newline (shell format): the value goes on
+                parts.append(lines[n])
+                quote = _open_quote(lines[n], quote)
+                n += 1
+            body = "\n".join(parts)
             try:
                 tokens = shlex.split(body, posix=True)
             except ValueError as e:
                 raise EnvFileError(
-                    f"{where}:{n}: {e} (an unterminated quote?): fix or regenerate the file with "
-                    "`warmer fetch --env-file`"
+                    f"{at}: {e} (an unterminated quote?): fix or regenerate the file with `warmer fetch --env-file`"
                 ) from None
             for token in tokens:
                 k, eq, v = token.partition("=")
                 if not eq:
-                    raise EnvFileError(f"{where}:{n}: {token!r} is not KEY=VALUE")
-                env[check_name(k, f"{where}:{n}")] = check_value(k, v, f"{where}:{n}")
+                    raise EnvFileError(f"{at}: {token!r} is not KEY=VALUE")
+                env[check_name(k, at)] = check_value(k, v, at)
         return cls(env)
+
+
+def _open_quote(text: str, quote: str = "") -> str:
+    """The quote still open at the end of text, as sh (and shlex) reads it, given the one open at
+    its start: linear, so that an unterminated quote cannot make parse() quadratic."""
+    escaped = False
+    for c in text:
+        if escaped:
+            escaped = False
+        elif quote == "'":
+            quote = "" if c == "'" else quote
+        elif c == "\\":
+            escaped = True
+        elif c == quote:
+            quote = ""
+        elif not quote and c in "'\"":
+            quote = c
+    return quote

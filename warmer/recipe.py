@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeAlias
 
 from warmer.components import cache_env
+from warmer.envfile import UNSAFE
 from warmer.errors import UsageError
 from warmer.names import NAME
 
@@ -495,8 +496,9 @@ def _expand(value: str, where: str) -> str:
 
 
 def _check_meaning(doc: dict[str, Any]) -> tuple[list[Problem], str | None]:
-    """What the schema cannot say: the model's path or id, reserved env. Returns the problems and
-    the expanded model path. Only looks at values whose type the schema accepted."""
+    """What the schema cannot say: the model's path or id, reserved env, env values an env file
+    cannot carry. Returns the problems and the expanded model path. Only looks at values whose
+    type the schema accepted."""
     problems: list[Problem] = []
     path: str | None = None
     model = doc.get("model")
@@ -530,10 +532,20 @@ def _check_meaning(doc: dict[str, Any]) -> tuple[list[Problem], str | None]:
             )
     env = doc.get("env")
     if isinstance(env, dict):
-        for key in env:
+        for key, value in env.items():
             if key in RESERVED_ENV:
                 problems.append(
                     (("env", key), f"env.{key} is reserved: {RESERVED_ENV[key]}; remove it from [env]", False)
+                )
+            # refused here, not when fetch writes the env file on a node after the download
+            if isinstance(value, str) and (bad := UNSAFE.search(value)):
+                problems.append(
+                    (
+                        ("env", key),
+                        f"env.{key} holds U+{ord(bad.group()):04X}, a control character or line separator: "
+                        "the env file vLLM starts with carries only text, tabs and newlines; remove it",
+                        False,
+                    )
                 )
     return problems, path
 
@@ -631,10 +643,13 @@ def read_recipe_file(source: Path, within: Path | None = None) -> str:
     except OSError as e:
         why = "a link" if e.errno == errno.ELOOP else e.strerror
         raise RecipeError(f"cannot read the recipe {source}: {why}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # before open(): it refuses a directory with "Is a directory: FD"
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise RecipeError(f"recipe {source} is a directory: give a recipe file, e.g. {source}/NAME.toml")
+        raise RecipeError(f"recipe {source} is not a regular file ({stat.filemode(mode)}): refused")
     with open(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise RecipeError(f"recipe {source} is not a regular file ({stat.filemode(st.st_mode)}): refused")
         data = f.read(MAX_RECIPE_BYTES + 1)
     if len(data) > MAX_RECIPE_BYTES:
         raise RecipeError(f"recipe {source} is over {MAX_RECIPE_BYTES >> 10} KiB: not a recipe (refused unread)")

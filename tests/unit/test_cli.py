@@ -282,3 +282,46 @@ def test_a_command_imports_no_other_commands_module_and_its_usage_errors_show_th
     # An error argparse reports at the top (an unknown flag) still names every command in its usage line.
     bad = run_warmer("fetch", "--no-such-flag")
     assert bad.returncode == 2 and "{fingerprint,explain,build," in bad.stderr and ",doctor}" in bad.stderr, bad.stderr
+
+
+# -- an env file fetch cannot write is a usage error before the fetch; a recipe path that is a folder --
+
+def _recipe_with_env(tmp_path, line: str) -> Path:
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    recipe.write_text(recipe.read_text().replace('VLLM_USE_AOT_COMPILE = "0"', f'VLLM_USE_AOT_COMPILE = "0"\n{line}'))
+    return recipe
+
+
+def test_fetch_refuses_a_value_dotenv_cannot_carry_before_fetching_and_shell_carries_it(tmp_path):
+    recipe = _recipe_with_env(tmp_path, 'X_HEADERS = """X-A: 1\nX-B: it\'s $2"""')
+    root, env_file = tmp_path / "root", tmp_path / "vllm.env"
+    args = ["fetch", recipe, "--store", f"file://{tmp_path / 'empty'}", "--root", root, "--env-file", env_file]
+    refused = run_warmer(*args, env=_env())  # the default format: dotenv
+    assert refused.returncode == 2, refused.stderr
+    assert "env X_HEADERS holds a newline" in refused.stderr and "use --env-format shell" in refused.stderr
+    assert not root.exists() and not env_file.exists()  # nothing fetched, nothing written
+    shell = run_warmer(*args, "--env-format", "shell", env=_env())
+    assert shell.returncode == 0 and "miss" in shell.stderr, shell.stderr  # a miss never fails the pod
+    # what serve and doctor read back of the file fetch just wrote
+    from warmer.envfile import EnvFile
+    assert EnvFile.parse(env_file.read_text(), str(env_file))["X_HEADERS"] == "X-A: 1\nX-B: it's $2"
+
+
+def test_fetch_writes_a_quote_into_a_dotenv_file_after_a_miss(tmp_path):
+    recipe = _recipe_with_env(tmp_path, "X_NOTE = \"it's\"")
+    env_file = tmp_path / "vllm.env"
+    out = run_warmer("fetch", recipe, "--store", f"file://{tmp_path / 'empty'}", "--root", tmp_path / "root",
+                     "--env-file", env_file, env=_env())
+    assert out.returncode == 0, out.stderr
+    got = subprocess.run(["sh", "-c", f'. "{env_file}"; printf %s "$X_NOTE"'], capture_output=True, text=True)
+    assert got.stdout == "it's"
+
+
+@pytest.mark.parametrize("command", [["fetch", "--store", "file:///nowhere", "--root", "/nowhere"],
+                                     ["serve", "--root", "/nowhere", "--dry-run"],
+                                     ["explain", "--store", "file:///nowhere"]])
+def test_a_recipe_path_that_is_a_directory_is_a_usage_error_naming_it(tmp_path, command):
+    out = run_warmer(command[0], tmp_path, *command[1:], "--json", env=_env())
+    doc = json.loads(out.stdout)
+    assert out.returncode == 2 and doc["kind"] == "usage", out.stdout
+    assert doc["error"].startswith(f"recipe {tmp_path} is a directory"), doc["error"]

@@ -227,6 +227,21 @@ def test_an_env_value_must_be_a_string_without_nul(tmp_path, vllm_version):
     assert all("must be a string without NUL bytes" in e for e in errors)
 
 
+@pytest.mark.parametrize("escape, code", [("\\r", "000D"), ("\\u001b", "001B"), ("\\u0085", "0085"), ("\\u2028", "2028")])
+def test_an_env_value_with_a_control_character_is_refused_at_load_naming_it(tmp_path, vllm_version, escape, code):
+    # fetch would otherwise find it only when it writes the env file, after the download
+    path = write(tmp_path, GOOD.replace('HF_HUB_OFFLINE = "1"', f'A = "x{escape}y"'))
+    assert refused(path) == [f"{path}:12:1: env.A holds U+{code}, a control character or line separator: the env "
+                             "file vLLM starts with carries only text, tabs and newlines; remove it"]
+    with pytest.raises(RecipeError, match="env.A holds"):
+        load(path, schema_later=True)  # as fetch loads it: before anything is fetched
+
+
+def test_an_env_value_may_span_lines_and_hold_tabs(tmp_path, vllm_version):
+    path = write(tmp_path, GOOD.replace('HF_HUB_OFFLINE = "1"', 'A = """{\n\t"k": 1\n}"""'))
+    assert load(path).env["A"] == '{\n\t"k": 1\n}'
+
+
 def test_an_unknown_engine_arg_is_a_warning_when_vllm_is_not_the_recorded_one(tmp_path, vllm_version):
     path = write(tmp_path, GOOD.replace("[engine]", "[engine]\nnew_in_a_later_vllm = true"))
     vllm_version("999.0.0")
@@ -358,3 +373,8 @@ def test_observability_flags_are_not_taken_for_compile_key_changes():
 
     assert serving.hashed_extra_flags(["--jit-monitor-mode", "warn", "--jit-monitor-verbose", "--port", "8000"]) == []
     assert serving.hashed_extra_flags(["--jit-monitor-mode=error", "--max-num-seqs", "8"]) == ["--max-num-seqs"]
+
+
+def test_a_recipe_path_that_is_a_directory_is_a_usage_error_naming_it(tmp_path):
+    with pytest.raises(RecipeError, match=f"recipe {re.escape(str(tmp_path))} is a directory: give a recipe file"):
+        load(tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from warmer import api, components, errors
@@ -22,7 +23,9 @@ from warmer.cli import (
     write_env,
 )
 from warmer.cli.render import megabytes, seconds
+from warmer.envfile import EnvFile, EnvFileError
 from warmer.errors import EXIT_MISS, EXIT_OK
+from warmer.recipe import Recipe, load
 
 if TYPE_CHECKING:
     from warmer.api import FetchResult
@@ -87,8 +90,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return _fetch_all(args, out)
     if not args.recipe or not args.root:
         raise errors.UsageError("fetch needs RECIPE and --root (or WARMER_ROOT), or --all MANIFESTS --root-base DIR")
+    # Its schema check still runs while the first bytes download (api.fetch).
+    recipe = load(args.recipe, schema_later=True)
+    if args.env_file:
+        check_env_format(recipe, args.root, args.env_format)
     result = api.fetch(
-        args.recipe,
+        recipe,
         args.store,
         args.root,
         gpus_from=args.gpus_from,
@@ -163,6 +170,18 @@ def required_components(value: str | None) -> tuple[str, ...] | None:
             f"give a comma-separated list of {', '.join(components.BY_NAME)}, or --require alone for a full hit"
         )
     return names
+
+
+def check_env_format(recipe: Recipe, root: str, fmt: str) -> None:
+    """A value the env file's format cannot carry (a dotenv file: a newline, say) is the
+    operator's to fix, a usage error before anything is fetched: found when the file is written,
+    after the fetch, it would fail the pod that a miss must never fail. The file holds the
+    recipe's env and paths under root; a restore adds only more paths and fixed values."""
+    env = {**components.cache_env(Path(os.path.abspath(root))), **recipe.env}
+    try:  # values of the wrong type are the schema check's to name
+        EnvFile({k: v for k, v in env.items() if isinstance(v, str)}).render(fmt)
+    except EnvFileError as e:
+        raise errors.UsageError(f"{recipe.source}: {e}") from None
 
 
 def report(r: FetchResult) -> str:
