@@ -7,7 +7,10 @@
     python scripts/record_engine_args.py --stdout   print the table (the unit test compares it)
 
 Recipes are loaded on the node path, which must not import vLLM (10-30 s), so warmer checks
-[engine] against this table instead. It lives inside recipe.schema.json, not beside it, because
+[engine] against this table instead. Beside the fields it records what `warmer serve` needs of
+`vllm serve`'s parser: x-serve-options (every option string and the arg it sets, short aliases
+such as -tp included: an extra flag after `--` that sets an arg vLLM hashes is a cold start) and
+x-serve-false-omitted (booleans whose False has no flag: store_true, False by default). It lives inside recipe.schema.json, not beside it, because
 editors (taplo 0.9) cannot follow a $ref to another file. Run this after changing the pinned vLLM
 and commit the result.
 """
@@ -95,20 +98,36 @@ def to_schema(tp) -> dict:
     return {}
 
 
+def serve_parser(fields: list[dataclasses.Field]) -> dict:
+    """What `vllm serve`'s parser (vllm/entrypoints/cli/serve.py: make_arg_parser) takes: its option
+    strings, and the boolean engine args whose False it takes as no flag at all (store_true, such as
+    --disable-log-stats, has no --no- form; vLLM exits 2 on one)."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    actions = make_arg_parser(FlexibleArgumentParser())._actions
+    options = {o: a.dest for a in actions for o in a.option_strings}
+    omitted = [f.name for f in fields if f.default is False and "--no-" + f.name.replace("_", "-") not in options]
+    return {"x-serve-options": dict(sorted(options.items())), "x-serve-false-omitted": sorted(omitted)}
+
+
 def table() -> dict:
     from vllm.engine.arg_utils import EngineArgs
 
     dist, version = vllm_distribution()
     hints = type_hints(EngineArgs)
-    fields = {f.name: to_schema(hints[f.name]) for f in dataclasses.fields(EngineArgs) if f.init}
+    init = [f for f in dataclasses.fields(EngineArgs) if f.init]
+    fields = {f.name: to_schema(hints[f.name]) for f in init}
     return {
-        "$comment": f"vLLM {version}'s EngineArgs fields and the TOML values they take, recorded by "
-                    f"scripts/record_engine_args.py from {dist} {version}: do not edit by hand.",
+        "$comment": f"vLLM {version}'s EngineArgs fields and the TOML values they take, and the option "
+                    f"strings of its `vllm serve`, recorded by scripts/record_engine_args.py from {dist} "
+                    f"{version}: do not edit by hand.",
         "title": f"vLLM {version} engine args",
         "x-vllm-version": version,
         "type": "object",
         "additionalProperties": False,
         "properties": fields,
+        **serve_parser(init),
     }
 
 

@@ -20,7 +20,7 @@ from warmer import components as _components  # vllm_env's parameter is named co
 from warmer import restore
 from warmer.envfile import EnvFile
 from warmer.outlook import Outlook, outlook
-from warmer.recipe import Recipe
+from warmer.recipe import ENGINE_ARGS, Recipe
 from warmer.vllmkey import FactorDifference
 
 
@@ -70,18 +70,26 @@ def environ_for_vllm(recipe: Recipe, root: Path, base: Mapping[str, str] | None 
     return {**(os.environ if base is None else base), **vllm_env(recipe, root).vars}
 
 
+# `vllm serve`'s parser as scripts/record_engine_args.py recorded it: each option string (short
+# aliases such as -tp, --no- forms) and the arg it sets; and the booleans whose False is no flag.
+SERVE_OPTIONS: dict[str, str] = ENGINE_ARGS.get("x-serve-options", {})
+FALSE_OMITTED = frozenset(ENGINE_ARGS.get("x-serve-false-omitted", ()))
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
 def engine_flags(engine: Mapping[str, object]) -> list[str]:
     """The recipe's [engine] table as `vllm serve` flags: one per key, as vLLM's argparse reads them
-    (vllm/engine/arg_utils.py add_cli_args): booleans as --flag / --no-flag, lists as several
-    values, tables (compilation_config, ...) as JSON."""
+    (vllm/engine/arg_utils.py add_cli_args): booleans as --flag / --no-flag (False as nothing where
+    the flag is store_true, which has no --no- form), lists as several values, tables
+    (compilation_config, ...) as JSON."""
     out: list[str] = []
     for name, value in engine.items():
         if isinstance(value, bool):
-            out.append(_flag(name) if value else "--no-" + name.replace("_", "-"))
+            if value or name not in FALSE_OMITTED:
+                out.append(_flag(name) if value else "--no-" + name.replace("_", "-"))
         elif isinstance(value, list):
             out += [_flag(name), *map(str, value)]
         elif isinstance(value, dict):
@@ -140,19 +148,31 @@ UNHASHED_ENGINE_ARGS = {
 }
 
 
-def hashed_extra_flags(extra: list[str]) -> list[str]:
-    """The extra `vllm serve` flags that are engine args vLLM hashes into its compile key: they are not
-    what was warmed. Server flags (--port, --host, --uds, --api-key, ...) are fine."""
-    from warmer.recipe import ENGINE_ARGS
+def _sets(flag: str) -> set[str]:
+    """The args a `vllm serve` flag sets, read as vLLM's parser reads it: FlexibleArgumentParser
+    (vllm/utils/argparse_utils.py) turns -O3, -O=3 and -O 3 into --optimization-level, `--a.b=v` and
+    `-cc.b v` into a field of --a and -cc, --a_b into --a-b; then argparse takes a unique prefix of
+    an option (--max-num-seq) and a one-letter option joined to its value (-qfp8)."""
+    if flag.startswith("-O"):
+        return {"optimization_level"}
+    key = flag.split("=", 1)[0].split(".", 1)[0]
+    if key.startswith("--"):
+        key = key.replace("_", "-")
+    if key in SERVE_OPTIONS:
+        return {SERVE_OPTIONS[key]}
+    return {arg for o, arg in SERVE_OPTIONS.items() if o.startswith(key) or (key[1:2] != "-" and o == key[:2])}
 
-    engine = set(ENGINE_ARGS.get("properties", {}))
+
+def hashed_extra_flags(extra: list[str]) -> list[str]:
+    """The extra `vllm serve` flags that are engine args vLLM hashes into its compile key, in any
+    spelling vLLM takes (-tp 2, -O0, --compilation-config.mode=0): they are not what was warmed.
+    --config counts (its file may hold any). Server flags (--port, --host, --uds, --api-key, ...) are fine."""
+    hashed = (set(ENGINE_ARGS.get("properties", {})) - UNHASHED_ENGINE_ARGS) | {"config"}
     out = []
     for flag in extra:
-        if not flag.startswith("--"):
-            continue
-        name = flag[2:].split("=", 1)[0].replace("-", "_")
-        name = name[3:] if name.startswith("no_") and name[3:] in engine else name
-        if name in engine and name not in UNHASHED_ENGINE_ARGS:
+        if flag == "--":  # argparse: what follows is positional
+            break
+        if flag.startswith("-") and flag != "-" and _sets(flag) & hashed:
             out.append(flag.split("=", 1)[0])
     return out
 
@@ -206,23 +226,37 @@ def plan(
     marker = restore.active(root)
     warnings = []
     problem = restore.unwritable(root)
+    given = dict(env_file.vars) if env_file is not None else {}
     if problem is not None:  # vLLM writes lock files into the root even on a full hit: it would crash
         cold = restore.cold_root(recipe.name, os.geteuid())
         cold.mkdir(mode=0o700, parents=True, exist_ok=True)
         restore.prepare(cold)
-        warnings.append(
-            f"{root} is not writable by this user (uid {os.geteuid()}): {problem}; vLLM would crash on "
-            f"its lock files there, so it starts cold in {cold}. "
-            f"{restore.ownership_fix(root, os.geteuid())}"
-        )
+        if not root.exists():  # a mistyped --root, or no fetch: nothing to chown
+            warnings.append(
+                f"no warmed cache is active in {root}: it does not exist (is --root mistyped, or did "
+                f"`warmer fetch` never run?); vLLM compiles from cold in {cold} (slow start)"
+            )
+        else:
+            warnings.append(
+                f"{root} is not writable by this user (uid {os.geteuid()}): {problem}; vLLM would crash on "
+                f"its lock files there, so it starts cold in {cold}. "
+                f"{restore.ownership_fix(root, os.geteuid())}"
+            )
+        # fetch's env file points the caches into that root: there the cold root's caches win over
+        # it, as does any other value naming the root; the file's other values still apply.
+        caches, spellings = _components.cache_env(cold), {str(root), os.path.realpath(root)}
+        given = {
+            k: v
+            for k, v in given.items()
+            if k not in caches and not any(v == r or v.startswith(r + "/") for r in spellings)
+        }
         root, marker = cold, None
     env = (
         artifact_env(recipe, root, marker.artifact, offline=offline, components=marker.components)
         if marker
         else vllm_env(recipe, root)
     )
-    if env_file is not None:
-        env = env.merged(env_file.vars)
+    env = env.merged(given)
     environ = {**(os.environ if base is None else base), **env.vars}
     look = outlook(recipe, root, marker.artifact, environ, components=marker.components) if marker else Outlook()
     warnings += look.warnings
@@ -234,8 +268,8 @@ def plan(
     hashed = hashed_extra_flags(list(extra))
     if hashed:
         warnings.append(
-            f"extra flag(s) {', '.join(hashed)} are engine args vLLM hashes into its compile key, "
-            "and not the warmed ones: put them in the recipe's [engine] and rebuild"
+            f"extra flag(s) {', '.join(hashed)} are engine args vLLM hashes into its compile key (a --config "
+            "file may hold any), and not the warmed ones: put them in the recipe's [engine] and rebuild"
         )
     return ServePlan(
         tuple(command(recipe, list(extra))),

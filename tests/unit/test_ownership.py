@@ -241,3 +241,27 @@ def test_prepare_follows_no_link_the_pod_planted_deeper_in_its_root(shared):
     assert sorted(p.name for p in elsewhere.rglob("*")) == ["flashinfer"]  # no autotune/ made through the link
     assert os.stat(elsewhere / "flashinfer").st_uid == os.stat(elsewhere).st_uid == 0
     assert os.stat(root / "vllm").st_uid == SERVING  # the rest of the root is prepared as before
+
+
+def test_fetchs_env_file_does_not_take_vllm_back_into_a_root_it_cannot_write(node):
+    """Both shipped start paths (the Deployment, the image's vllm-serve-warm) pass fetch's env file,
+    which points every cache into the root: served by uid 1000 from a root-owned root, the cold
+    root still wins for each of them (vLLM would crash on its lock files), the file's other values hold."""
+    from warmer.components import cache_env
+
+    root, env_file = node["base"] / "tiny", node["home"] / "vllm.env"
+    out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--env-file", env_file, "--require")
+    assert out.returncode == 0, out.stderr
+    assert f"VLLM_CACHE_ROOT={root / 'vllm'}\n" in env_file.read_text()
+    env_file.write_text(env_file.read_text() + "WARMER_KEPT=from-the-file\n")
+    cold = restore.cold_root(load(node["recipe"]).name, SERVING)
+
+    served = warmer("serve", node["recipe"], "--root", root, "--env-file", env_file, "--dry-run", uid=SERVING,
+                    home=node["home"])
+    assert served.returncode == 0 and f"starts cold in {cold}" in served.stderr, served.stderr
+    env = env_of(served)
+    assert {var: env.get(var) for var in cache_env(cold)} == cache_env(cold)
+    assert env["VLLM_CACHE_ROOT"] == str(cold / "vllm")
+    assert not [v for v in env.values() if v.startswith(str(root))]  # nothing points into the root
+    assert env["WARMER_KEPT"] == "from-the-file" and env["VLLM_USE_AOT_COMPILE"] == "0"
+    shutil.rmtree(cold)

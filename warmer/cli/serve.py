@@ -7,13 +7,20 @@ import sys
 
 from warmer import api
 from warmer.cli import Output, add_recipe, add_root
-from warmer.errors import EXIT_MISS, EXIT_OK
+from warmer.errors import EXIT_MISS, EXIT_OK, WarmerError
 
 HELP = (
     "start vLLM exactly as warmed: the recipe's model and engine args as `vllm serve` "
     "flags, the env for the root's artifact, and a check that vLLM's own compile key will hold"
 )
 ORDER = 150
+
+
+class WouldCompile(WarmerError):
+    """--require-hit, and vLLM would compile from cold: an error like any other (a JSON object with --json)."""
+
+    kind = "miss"
+    exit_code = EXIT_MISS
 
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
@@ -41,12 +48,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
         out.emit(plan, plan.shell().rstrip())
         return EXIT_MISS if args.require_hit and plan.predicted_miss else EXIT_OK
     if args.require_hit and plan.predicted_miss:
-        print(
-            "warmer: serve: refusing to start: vLLM would compile from cold (above); without --require-hit it "
-            "starts anyway",
-            file=sys.stderr,
+        raise WouldCompile(
+            "refusing to start: vLLM would compile from cold (above); without --require-hit it starts anyway"
         )
-        return EXIT_MISS
     sys.stdout.flush()
     api.serve(plan)  # does not return
     return EXIT_OK

@@ -1,0 +1,161 @@
+"""`warmer serve`'s plan against vLLM's own `vllm serve` parser: the flags it renders from a recipe
+are ones vLLM takes, and an extra flag after `--` that sets an arg vLLM hashes is caught in every
+spelling vLLM takes (-tp 2, -O0, --compilation-config.mode=0). The CLI's errors on a miss."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+from tests.conftest import run_warmer, tiny_recipe, write_tiny_recipe
+from warmer import restore, serving
+from warmer.recipe import ENGINE_ARGS
+
+# (extra flags, flagged): each spelling vLLM 0.32's parser takes, and server flags it must leave alone.
+SPELLINGS = [
+    (["--tensor-parallel-size", "2"], ["--tensor-parallel-size"]),
+    (["-tp", "2"], ["-tp"]),
+    (["-tp=2"], ["-tp"]),
+    (["-pp", "2"], ["-pp"]),
+    (["-dp", "2"], ["-dp"]),
+    (["-q", "fp8"], ["-q"]),
+    (["-qfp8"], ["-qfp8"]),  # argparse: a one-letter option joined to its value
+    (["-O0"], ["-O0"]),
+    (["-O3"], ["-O3"]),
+    (["-O=2"], ["-O"]),
+    (["-O", "1"], ["-O"]),
+    (["--optimization-level", "0"], ["--optimization-level"]),
+    (["--compilation-config.mode=0"], ["--compilation-config.mode"]),
+    (["--compilation_config.mode", "0"], ["--compilation_config.mode"]),
+    (["-cc.mode=0"], ["-cc.mode"]),
+    (["-cc", '{"mode": 0}'], ["-cc"]),
+    (["--max-num-seq", "8"], ["--max-num-seq"]),  # argparse takes a unique prefix
+    (["--max_num_seqs=8"], ["--max_num_seqs"]),
+    (["--no-enable-prefix-caching"], ["--no-enable-prefix-caching"]),
+    (["-ep"], ["-ep"]),
+    (["--port", "8000", "--host=0.0.0.0", "--uds", "/tmp/v.sock", "--api-key", "k"], []),
+    (["-asc", "2", "--served-model-name", "x", "--seed", "-1", "--disable-log-stats"], []),
+    (["--jit-monitor-mode", "warn", "--jit-monitor-verbose", "--uvicorn-log-level", "debug"], []),
+]
+
+
+@pytest.mark.parametrize("extra, flagged", SPELLINGS, ids=[" ".join(e) for e, _ in SPELLINGS])
+def test_an_extra_flag_vllm_hashes_is_caught_in_every_spelling(extra, flagged):
+    assert serving.hashed_extra_flags(extra) == flagged
+
+
+def test_a_config_file_counts_as_hashed():
+    # vLLM reads any engine arg from it (FlexibleArgumentParser._pull_args_from_config).
+    assert serving.hashed_extra_flags(["--config", "more.yaml"]) == ["--config"]
+
+
+def test_a_short_alias_predicts_the_miss(tmp_path, packed):
+    recipe = tiny_recipe()
+    root = tmp_path / "root"
+    restore.restore_file(packed("a", recipe=recipe).path, root)
+    restore.prepare(root)
+    assert not serving.plan(recipe, root, ["--port", "8000"]).predicted_miss
+    got = serving.plan(recipe, root, ["-tp", "2"])
+    assert got.predicted_miss and got.hashed_extra == ("-tp",)
+    assert any("-tp are engine args vLLM hashes" in w for w in got.warnings), got.warnings
+
+
+def test_false_of_a_store_true_arg_is_no_flag():
+    # store_true in `vllm serve` (no --no- form: vLLM exits 2 on one), or no flag at all; False is the default.
+    assert serving.engine_flags({"disable_log_stats": False, "aggregate_engine_logging": False,
+                                 "data_parallel_multi_port_external_lb": False,
+                                 "enable_mm_processor_stats": False}) == []
+    assert serving.engine_flags({"disable_log_stats": True}) == ["--disable-log-stats"]
+    assert serving.engine_flags({"enforce_eager": False}) == ["--no-enforce-eager"]
+
+
+# --- against vLLM's real parser (argparse only: no engine starts) -------------------------------
+
+PARSE = r"""
+import json, sys
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+parser = make_arg_parser(FlexibleArgumentParser())
+defaults = vars(parser.parse_args(["/m"]))
+out = []
+for argv in json.load(sys.stdin):
+    try:
+        got = vars(parser.parse_args(["/m", *argv]))
+    except SystemExit as e:
+        out.append({"exit": e.code})
+        continue
+    out.append({"set": sorted(k for k, v in got.items() if v != defaults.get(k)),
+                "bools": {k: v for k, v in got.items() if isinstance(v, bool)}})
+print(json.dumps(out))
+"""
+
+
+def _bool_cases() -> list[tuple[str, bool]]:
+    names = sorted(n for n, s in ENGINE_ARGS["properties"].items() if s.get("type") == "boolean")
+    # An arg `vllm serve` has no flag for cannot be passed True (recipe.py's to refuse); False is its default.
+    return [(n, v) for n in names for v in (True, False)
+            if v is False or "--" + n.replace("_", "-") in serving.SERVE_OPTIONS]
+
+
+@pytest.fixture(scope="module")
+def vllm_parsed() -> dict[tuple[str, ...], dict]:
+    """What vLLM's `vllm serve` parser makes of each argv these tests ask about, in one child
+    process (about 10 s: vLLM's import)."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed: pip install -e .[cpu]")
+    import subprocess
+
+    argvs = [serving.engine_flags({n: v}) for n, v in _bool_cases()] + [extra for extra, _ in SPELLINGS]
+    out = subprocess.run([sys.executable, "-c", PARSE], input=json.dumps(argvs), capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return dict(zip(map(tuple, argvs), json.loads(out.stdout.splitlines()[-1]), strict=True))
+
+
+def test_every_recipe_boolean_renders_as_flags_vllm_serve_takes(vllm_parsed):
+    wrong = []
+    for n, v in _bool_cases():
+        flags = serving.engine_flags({n: v})
+        got = vllm_parsed[tuple(flags)]
+        if "exit" in got or got["bools"].get(n, False) is not v:
+            wrong.append((n, v, flags, got.get("exit")))
+    assert not wrong, wrong
+
+
+def test_the_flags_caught_are_those_vllm_reads_as_a_hashed_arg(vllm_parsed):
+    hashed = set(ENGINE_ARGS["properties"]) - serving.UNHASHED_ENGINE_ARGS
+    for extra, _ in SPELLINGS:
+        got = vllm_parsed[tuple(extra)]
+        assert "exit" not in got, (extra, got)
+        assert bool(set(got["set"]) & hashed) == bool(serving.hashed_extra_flags(extra)), (extra, got["set"])
+
+
+# --- the CLI ----------------------------------------------------------------------------------
+
+def test_require_hit_with_json_is_a_json_error(tmp_path):
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    root = tmp_path / "root"
+    root.mkdir()  # writable, and nothing active: vLLM would compile from cold
+    out = run_warmer("serve", recipe, "--root", root, "--require-hit", "--json",
+                     env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert out.returncode == 3, out.stderr
+    error = json.loads(out.stdout)
+    assert error["exit_code"] == 3 and error["kind"] == "miss" and "refusing to start" in error["error"]
+
+
+def test_a_root_that_does_not_exist_is_no_warmed_cache_not_an_ownership_problem(tmp_path):
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    root = tmp_path / "typo"
+    out = run_warmer("serve", recipe, "--root", root, "--dry-run", "--json",
+                     env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert f"no warmed cache is active in {root}: it does not exist" in out.stderr
+    assert "not writable" not in out.stderr and "chown" not in out.stderr
+    cold = restore.cold_root("tiny", os.geteuid())
+    assert json.loads(out.stdout)["env"]["VLLM_CACHE_ROOT"] == str(tmp_path / cold.name / "vllm")
+    assert not root.exists()
