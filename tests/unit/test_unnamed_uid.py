@@ -103,7 +103,9 @@ def test_doctor_as_a_real_unnamed_uid():
         argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=+dac_read_search",
                 "--ambient-caps=+dac_read_search", sys.executable, "-m", "warmer", "doctor",
                 "--mountinfo", str(MOUNTINFO), "--json"]
-        env = {k: v for k, v in os.environ.items() if k not in USER_VARS}
+        # torch's cache_dir() writes its default into os.environ when a test in this process asked
+        # for it (TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor_root): the child must find torch's default.
+        env = {k: v for k, v in os.environ.items() if k not in (*USER_VARS, "TORCHINDUCTOR_CACHE_DIR")}
         out = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120,
                              env={**env, "HOME": str(home), "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"})
     finally:
