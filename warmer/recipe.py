@@ -60,8 +60,20 @@ RESERVED_ENV: dict[str, str] = {
     "TMPDIR": "warmer points it under the root (--root): Inductor's precompiled headers live there",
     "VLLM_RPC_BASE_PATH": "warmer sets it (vLLM's IPC sockets, kept short of the 107-byte socket path limit)",
 }
-# vLLM's EngineArgs as scripts/record_engine_args.py recorded them, with the version they are from.
+# vLLM's EngineArgs as scripts/record_engine_args.py recorded them, with the version they are from;
+# and `vllm serve`'s parser: each option string (short aliases such as -tp, --no- forms) and the arg
+# it sets, and the booleans whose False is no flag (store_true: no --no- form).
 ENGINE_ARGS: dict[str, Any] = SCHEMA["$defs"]["vllm-engine-args"]
+SERVE_OPTIONS: dict[str, str] = ENGINE_ARGS.get("x-serve-options", {})
+FALSE_OMITTED = frozenset(ENGINE_ARGS.get("x-serve-false-omitted", ()))
+
+
+def serve_flag(name: str, value: object) -> str | None:
+    """The `vllm serve` flag that carries engine arg name = value (vllm/engine/arg_utils.py
+    add_cli_args): --name, --no-name for False; None for False of a store_true arg (its default)."""
+    if value is False:
+        return None if name in FALSE_OMITTED else "--no-" + name.replace("_", "-")
+    return "--" + name.replace("_", "-")
 
 
 # Where a value is in a recipe document: table keys, and indices into arrays of tables.
@@ -530,6 +542,19 @@ def _check_meaning(doc: dict[str, Any]) -> tuple[list[Problem], str | None]:
                     False,
                 )
             )
+    engine = doc.get("engine")
+    if isinstance(engine, dict):  # warmed through LLM(), which takes any engine arg; served through `vllm serve`
+        for key, value in engine.items():
+            flag = serve_flag(key, value) if key in ENGINE_ARGS.get("properties", {}) else None
+            if flag is not None and flag not in SERVE_OPTIONS:
+                problems.append(
+                    (
+                        ("engine", key),
+                        f"engine.{key} = {_show(value)}: `vllm serve` has no {flag} flag, so no pod could "
+                        "be served as the recipe warms (vLLM would exit at start-up); remove it from [engine]",
+                        False,
+                    )
+                )
     env = doc.get("env")
     if isinstance(env, dict):
         for key, value in env.items():

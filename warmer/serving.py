@@ -20,7 +20,7 @@ from warmer import components as _components  # vllm_env's parameter is named co
 from warmer import restore
 from warmer.envfile import EnvFile
 from warmer.outlook import Outlook, outlook
-from warmer.recipe import ENGINE_ARGS, Recipe
+from warmer.recipe import ENGINE_ARGS, SERVE_OPTIONS, Recipe, serve_flag
 from warmer.vllmkey import FactorDifference
 
 
@@ -70,16 +70,6 @@ def environ_for_vllm(recipe: Recipe, root: Path, base: Mapping[str, str] | None 
     return {**(os.environ if base is None else base), **vllm_env(recipe, root).vars}
 
 
-# `vllm serve`'s parser as scripts/record_engine_args.py recorded it: each option string (short
-# aliases such as -tp, --no- forms) and the arg it sets; and the booleans whose False is no flag.
-SERVE_OPTIONS: dict[str, str] = ENGINE_ARGS.get("x-serve-options", {})
-FALSE_OMITTED = frozenset(ENGINE_ARGS.get("x-serve-false-omitted", ()))
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def engine_flags(engine: Mapping[str, object]) -> list[str]:
     """The recipe's [engine] table as `vllm serve` flags: one per key, as vLLM's argparse reads them
     (vllm/engine/arg_utils.py add_cli_args): booleans as --flag / --no-flag (False as nothing where
@@ -87,15 +77,17 @@ def engine_flags(engine: Mapping[str, object]) -> list[str]:
     (compilation_config, ...) as JSON."""
     out: list[str] = []
     for name, value in engine.items():
+        flag = serve_flag(name, value)
+        if flag is None:
+            continue
         if isinstance(value, bool):
-            if value or name not in FALSE_OMITTED:
-                out.append(_flag(name) if value else "--no-" + name.replace("_", "-"))
+            out.append(flag)
         elif isinstance(value, list):
-            out += [_flag(name), *map(str, value)]
+            out += [flag, *map(str, value)]
         elif isinstance(value, dict):
-            out += [_flag(name), json.dumps(value, separators=(",", ":"))]
+            out += [flag, json.dumps(value, separators=(",", ":"))]
         else:
-            out += [_flag(name), str(value)]
+            out += [flag, str(value)]
     return out
 
 

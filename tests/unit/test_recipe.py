@@ -237,6 +237,17 @@ def test_an_env_value_with_a_control_character_is_refused_at_load_naming_it(tmp_
         load(path, schema_later=True)  # as fetch loads it: before anything is fetched
 
 
+def test_an_engine_arg_vllm_serve_has_no_flag_for_is_refused_at_load(tmp_path, vllm_version):
+    """LLM() takes any engine arg, so the warm-up would run; `vllm serve` has no flag for these,
+    so every pod would exit at start-up (a crash loop). False of a store_true arg is no flag at all."""
+    path = write(tmp_path, GOOD.replace("[engine]", "[engine]\nenable_mm_processor_stats = true"))
+    [message] = refused(path)
+    assert "engine.enable_mm_processor_stats = true: `vllm serve` has no --enable-mm-processor-stats flag" in message
+    assert message.endswith("remove it from [engine]")
+    for fine in ("enable_mm_processor_stats = false", "disable_log_stats = false", "disable_log_stats = true"):
+        assert load(write(tmp_path, GOOD.replace("[engine]", f"[engine]\n{fine}"))).engine
+
+
 def test_an_env_value_may_span_lines_and_hold_tabs(tmp_path, vllm_version):
     path = write(tmp_path, GOOD.replace('HF_HUB_OFFLINE = "1"', 'A = """{\n\t"k": 1\n}"""'))
     assert load(path).env["A"] == '{\n\t"k": 1\n}'
