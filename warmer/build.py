@@ -532,23 +532,25 @@ def _mend(
         entry = IndexEntry.read(raw, art.recipe.name, art.key)
     except WarmerError:  # unreadable: `warmer ls` and `warmer rm` show and fix that
         return result
+    lost = []
+    for blob in entry.blobs:
+        deadline.check(f"checking blob {blob.sha256[:12]} of the published entry")
+        if not store.has_blob(blob.sha256):
+            lost.append(blob.sha256)
+    if not lost:  # the usual case: one HEAD per blob, the file not read again
+        return result
     layers = {layer.sha256: layer for layer in art.layers}
     sent: dict[str, bool] = {}
     missing: list[str] = []
     with open(path, "rb") as f:
-        body = archive.first_frame_size(f) if layers else 0
-        for blob in entry.blobs:
-            deadline.check(f"checking blob {blob.sha256[:12]} of the published entry")
-            if store.has_blob(blob.sha256):
-                continue
-            if blob.sha256 == result.blob:
-                sent[blob.sha256] = store.put_blob(str(path), blob.sha256)
-            elif blob.sha256 in layers:
-                sent[blob.sha256] = _put_layer(store, f, body, layers[blob.sha256], path)
+        for sha in lost:
+            if sha == result.blob:
+                sent[sha] = store.put_blob(str(path), sha)
+            elif sha in layers:
+                f.seek(0)
+                sent[sha] = _put_layer(store, f, archive.first_frame_size(f), layers[sha], path)
             else:
-                missing.append(blob.sha256)
-    if not sent and not missing:
-        return result
+                missing.append(sha)
     size = {b.sha256: b.size for b in entry.blobs}
     return replace(
         result,

@@ -18,6 +18,7 @@ import dataclasses
 import errno
 import fcntl
 import io
+import itertools
 import json
 import logging
 import os
@@ -429,6 +430,12 @@ def _chown_tree(top: Path, owner: tuple[int, int]) -> None:
             os.lchown(os.path.join(dirpath, name), *owner)
 
 
+def _owned_otherwise(top: Path, owner: tuple[int, int]) -> bool:
+    """Whether top or anything under it is not owner's (uid and gid); links are not followed."""
+    paths = itertools.chain([str(top)], (os.path.join(d, n) for d, dirs, files in os.walk(top) for n in dirs + files))
+    return any((st.st_uid, st.st_gid) != owner for st in map(os.lstat, paths))
+
+
 def _writes_into(root: Path) -> list[Path]:
     """The directories vLLM and torch write into under root, even on a full hit: the root and every
     directory the cache env names (Inductor's locks, vLLM's modelinfos, TMPDIR's rendezvous file)."""
@@ -601,7 +608,9 @@ def restore(
                     if os.lstat(root).st_uid != owner[0]:
                         _chown_tree(root, owner)  # restored by root before: hand it over now
                     shared = workspace.Workspace.of(art, root) if marker.holds_component("flashinfer") else None
-                    if shared is not None:  # and its FlashInfer files, as a restore hands them over
+                    # and its FlashInfer files, as a restore hands them over; only when one is not the
+                    # owner's (an lstat each): a pod's start need not wait for the workspace's lock
+                    if shared is not None and _owned_otherwise(shared.top, owner):
                         shared.real_dir(shared.path)
                         with locked(shared.top, lock_timeout, owner, deadline):
                             _chown_tree(shared.top, owner)  # vLLM takes FlashInfer's module locks there
