@@ -127,9 +127,10 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "cpu.threads",
-        HARD,
-        "Inductor keys its C++ kernels on torch's thread count: another count misses",
-        hard_when=_cpu_backend,
+        ADVISORY,
+        "recorded: vLLM's CPU platform compiles Inductor's C++ kernels with cpp.dynamic_threads "
+        "(vllm/platforms/cpu.py), which leaves torch's thread count out of their key "
+        "(torch/_inductor/codecache.py cpp_runtime_thread_count)",
     ),
     Rule(
         "paths.cuda_home",
@@ -361,6 +362,10 @@ def _decide(
                 if ok
                 else f"this node has {n or 0} GPU(s), the recipe needs {need}"
             )
+        elif kind == RANGED and rule.field.startswith("gpu.") and not built.gpu.count:
+            # A driver seen without a GPU (CUDA_VISIBLE_DEVICES="", NVIDIA_VISIBLE_DEVICES=none): the
+            # build ran nothing on it, so a node without one (or with an older one) runs the artifact.
+            ok, reason = True, "the build had no GPU"
         elif kind == RANGED:
             ok, reason = _at_least(b, n, rule.spec)
         elif kind == HARD and rule.field == ROOT and n is None:
@@ -450,8 +455,8 @@ _INDUCTOR_WHY = (
     "compiled_fx_graph_hash) hold torch_key() (torch's version and sources) and CacheBase.get_system(): "
     "the GPU's name (torch.cuda.get_device_properties().name), torch.version.cuda and triton_key(), so H100 "
     "SXM and H100 PCIe do not share; its C++ kernels' key holds the compile command line with absolute -I "
-    "paths into the Python install (CppCodeCache.load_async), and on CPU backends the ISA flags and torch's "
-    "thread count (FxGraphHashDetails cpp_runtime_thread_count), which get_system() leaves out. Its entries "
+    "paths into the Python install (CppCodeCache.load_async), and on CPU backends the ISA flags, which "
+    "get_system() leaves out (not the thread count: vLLM sets cpp.dynamic_threads). Its entries "
     "are the recipe's own graphs"
 )
 _FLASHINFER = (

@@ -25,6 +25,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TypedDict
 
+from packaging.version import InvalidVersion, Version
+
 from warmer.errors import UsageError
 from warmer.untrusted import Fields, InvalidDocument, load_json
 
@@ -366,11 +368,33 @@ def saved_gpus(path: str | os.PathLike[str]) -> Gpus:
 def _package_versions() -> dict[str, str]:
     out: dict[str, str] = {}
     for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
+        version = installed_version(name)
+        if version is not None:
+            out[name] = version
     return out
+
+
+def installed_version(name: str) -> str | None:
+    """The version of distribution name that imports come from: the first sys.path entry holding it.
+
+    A site directory may hold two dist-infos of one name (an upgrade that left the old one behind).
+    metadata.version() then takes whichever the directory lists first, an order that differs from
+    one filesystem to another (ext4 hashes names with a per-filesystem seed), so nodes of one image
+    would disagree on the version and the key: the highest is taken, the same on every node."""
+    found = list(metadata.distributions(name=name))
+    if not found:
+        return None
+    where = str(found[0].locate_file(""))
+    versions = {d.version for d in found if str(d.locate_file("")) == where and d.version}
+    return max(versions, key=_ordered, default=found[0].version)
+
+
+def _ordered(version: str) -> tuple[bool, Version | None, str]:
+    """PEP 440's order, a version that is not one below every one that is, then the text."""
+    try:
+        return True, Version(version), version
+    except InvalidVersion:
+        return False, None, version
 
 
 def package_dir(module: str) -> str | None:

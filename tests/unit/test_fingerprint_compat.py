@@ -5,6 +5,7 @@ The GPU and CPU matrix of other machines is in test_fixture_matrix.py.
 
 import json
 import sys
+import zipfile
 
 import pytest
 
@@ -199,3 +200,72 @@ def test_an_image_build_without_the_gpu_fetches_for_a_saved_fingerprints_gpus(tm
         out = run_warmer("fetch", recipe, "--store", store.url, "--root", tmp_path / "r2", "--gpus-from", bad)
         assert out.returncode == 2 and says in out.stderr and "warmer fingerprint --json >" in out.stderr  # usage
         assert "Traceback" not in out.stderr
+
+
+def test_a_cpu_artifact_built_where_a_driver_answered_without_a_gpu_fits_a_node_without_one(tmp_path, monkeypatch):
+    """A CPU recipe built in a pod that sees the NVIDIA driver but no GPU (CUDA_VISIBLE_DEVICES="", or
+    NVIDIA_VISIBLE_DEVICES=none on a GPU node): NVML answers with the driver's versions and no device.
+    Nothing the build compiled runs on a GPU, so a CPU-only node (no driver at all) must get it."""
+    root = tmp_path / "build-root"
+    files = make_cache_tree(root)
+    here = fingerprint.probe(root=root, model="/models/tiny")
+    driver_only = fingerprint.gpu_section(fingerprint.read_nvml(nodes.FakeNVML(nodes.gpu_fixture("h200")["nvml"])),
+                                          None, "", [])
+    assert (driver_only.count, driver_only.driver) == (0, "570.133.20")
+    art = tmp_path / "cpu.tar.zst"
+    build.pack_root(root, tiny_recipe(), art, fp=here.with_gpus(driver_only))
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, art)
+
+    no_driver = here.with_gpus(fingerprint.gpu_section(None, None, None, ["NVML: not installed"]))
+    monkeypatch.setattr(fingerprint, "probe", lambda **kw: no_driver)
+    got = fetch.fetch(tiny_recipe(), store.url, tmp_path / "node")
+    assert got.status == "hit", got.warnings
+    rel = next(r for r in files if r.endswith(".so"))
+    assert (tmp_path / "node" / rel).read_bytes() == files[rel]
+    driver = next(d for d in compat.decisions(here.with_gpus(driver_only), no_driver) if d.field == "gpu.driver")
+    assert driver.ok and driver.reason == "the build had no GPU"
+    # A GPU artifact still needs the driver.
+    h200 = nodes.gpu_node("h200")
+    assert not compat.fits(compat.decisions(h200, nodes.edit(h200, **{"gpu.driver": None})))
+
+
+def _two_dist_infos(site, versions, *, zipped=False):
+    """A site dir (or a zipped one) holding two dist-infos of triton, in this order: an upgrade that
+    left the old one behind."""
+    members = {f"triton-{v}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: triton\nVersion: {v}\n"
+               for v in versions}
+    members["triton/__init__.py"] = "__version__ = '3.9.1'\n"
+    if zipped:
+        with zipfile.ZipFile(site, "w") as z:  # a zip lists its members in the order written
+            for name, text in members.items():
+                z.writestr(name, text)
+        return site
+    for name, text in members.items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
+    return site
+
+
+def test_two_dist_infos_of_a_package_give_every_node_the_same_version(tmp_path, monkeypatch):
+    """importlib.metadata takes the dist-info its directory lists first, and directory order differs
+    between filesystems (a zip's member order stands in for it here): nodes of one image must agree."""
+    got = set()
+    for i, order in enumerate((("3.9.0", "3.9.1"), ("3.9.1", "3.9.0"))):
+        for zipped in (False, True):
+            site = tmp_path / f"site{i}{'.zip' if zipped else ''}"
+            if not zipped:
+                site.mkdir()
+            with monkeypatch.context() as m:
+                m.syspath_prepend(str(_two_dist_infos(site, order, zipped=zipped)))
+                got.add(fingerprint._package_versions()["triton"])
+    assert got == {"3.9.1"}
+    # A copy further down sys.path is shadowed, as it is for imports.
+    first, later = tmp_path / "first", tmp_path / "later"
+    first.mkdir(), later.mkdir()
+    _two_dist_infos(first, ("3.9.0",))
+    _two_dist_infos(later, ("3.10.0",))
+    monkeypatch.syspath_prepend(str(later))
+    monkeypatch.syspath_prepend(str(first))
+    assert fingerprint.installed_version("triton") == "3.9.0"
+    assert fingerprint.installed_version("no-such-distribution") is None

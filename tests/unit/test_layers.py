@@ -128,7 +128,7 @@ def test_inductor_on_a_cpu_backend_decides_on_the_isa():
     genoa, broadwell = nodes.cpu_node("amd-genoa"), nodes.cpu_node("intel-broadwell")
     assert "cpu.isa" in fields(failed("inductor", genoa, broadwell))
     kinds = {d.field: d.kind for d in compat.layer_decisions("inductor", genoa, genoa, None, None)}
-    assert kinds["cpu.isa"] == kinds["cpu.threads"] == compat.HARD and kinds["cpu.model"] == compat.ADVISORY
+    assert kinds["cpu.isa"] == compat.HARD and kinds["cpu.threads"] == kinds["cpu.model"] == compat.ADVISORY
     gpu_kinds = {d.field: d.kind for d in compat.layer_decisions("inductor", SXM, SXM, None, None)}
     assert gpu_kinds["cpu.isa"] == compat.ADVISORY  # hard only on CPU backends, as for the whole artifact
 
