@@ -277,6 +277,35 @@ def require_model(recipe: Recipe) -> None:
         )
 
 
+def engine_env(recipe: Recipe, root: Path, sandbox: Path, extra_env: dict | None = None) -> dict[str, str]:
+    """The env of an engine run on root: this process's, less what would move a cache out of the
+    root (components.MOVED_OUT), with every cache under root, HOME and XDG in sandbox, and the
+    Hugging Face cache (the model's weights: input) where this process has it."""
+    inherited = {k: v for k, v in os.environ.items() if k not in components.MOVED_OUT}
+    env = {
+        **serving.environ_for_vllm(recipe, root, inherited),
+        **sandbox_env(sandbox),
+        "VLLM_NO_USAGE_STATS": "1",
+        "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
+    }
+    # torch's Dynamo says when it starts and ends tracing each frame (INFO lines, a few per graph):
+    # the restored start's phases need them. Logging only: not in any compile key (vLLM hashes
+    # VLLM_* factors, Inductor its configs).
+    env.setdefault("TORCH_LOGS", os.environ.get("TORCH_LOGS") or "dynamo")
+    # The model is input, not a cache: a hub id resolves through this machine's Hugging Face cache (its
+    # downloads, its token for a gated model), not the sandbox's empty one, where vLLM would download
+    # the weights again on every run and the census would call them uncovered caches. Its default, as
+    # huggingface_hub/constants.py computes it, from this process's HOME and XDG_CACHE_HOME.
+    env.setdefault(
+        "HF_HOME",
+        os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
+        ),
+    )
+    return env
+
+
 def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_env: dict | None = None) -> EngineRun:
     """Start vLLM on root in a fresh process, run the workload, and return what was measured.
 
@@ -295,17 +324,7 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
         spec["engine"].setdefault("revision", recipe.revision)
     spec_path.write_text(json.dumps(spec, indent=1))
     result_path.unlink(missing_ok=True)
-    env = {
-        **serving.environ_for_vllm(recipe, root),
-        **sandbox_env(sandbox),
-        "VLLM_NO_USAGE_STATS": "1",
-        "PYTHONUNBUFFERED": "1",
-        **(extra_env or {}),
-    }
-    # torch's Dynamo says when it starts and ends tracing each frame (INFO lines, a few per graph):
-    # the restored start's phases need them. Logging only: not in any compile key (vLLM hashes
-    # VLLM_* factors, Inductor its configs).
-    env.setdefault("TORCH_LOGS", os.environ.get("TORCH_LOGS") or "dynamo")
+    env = engine_env(recipe, root, sandbox, extra_env)
     t0 = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

@@ -38,7 +38,7 @@ BY_NAME: dict[str, Component] = {c.name: c for c in ALL}
 # env vars ({prefix} where a library builds the name), or the file that builds a default cache path
 # without one. A new key needs the same: what the library writes there, and why a start is warm without it.
 NOT_PACKED: dict[str, str] = {
-    # Defaults that land inside a component's directory.
+    # Defaults that land inside a component's directory; set, each moves its cache out of the root (MOVED_OUT).
     "DG_JIT_CACHE_DIR": "DeepGEMM's JIT cache: vLLM sets it to $VLLM_CACHE_ROOT/deep_gemm when unset (vllm/utils/deep_gemm.py "
     "_lazy_init), inside the vllm component",
     "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "an override, unset by default: vLLM's FlashInfer autotune results then go to "
@@ -175,6 +175,19 @@ NOT_PACKED: dict[str, str] = {
 }
 
 
+# The first group of NOT_PACKED: unset, each cache lands inside a component; set in the env warmer
+# runs in (an image's ENV, a shell that eval'ed an earlier `warmer fetch`), it lands where the value
+# says, outside the root: packed by nothing, seen by no census, and hit again by verify in the same
+# env, while every node misses it. A warm-up or verify run drops them (a recipe's [env] still wins).
+MOVED_OUT: tuple[str, ...] = (
+    "DG_JIT_CACHE_DIR",
+    "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR",
+    "FLASHINFER_CUBIN_DIR",
+    "FLASHINFER_AUTOTUNE_DIR",
+    "FLASHINFER_KDA_PTX_CACHE_DIR",
+)
+
+
 def serve_env(held: Held, root: Path, names: Iterable[str] | None = None) -> dict[str, str]:
     """What vLLM needs set for what an artifact restored in root holds (held: its file list), from
     each component's hook; names: the components the artifact carries (default: all)."""
@@ -229,6 +242,7 @@ def default_paths(env: Mapping[str, str], user: str) -> dict[str, str]:
 __all__ = [
     "ALL",
     "BY_NAME",
+    "MOVED_OUT",
     "NOT_PACKED",
     "Check",
     "Component",
