@@ -650,6 +650,8 @@ def restore(
                         bar.close()
                 if shared is not None:
                     _into_workspace(shared, art, staging, signature, tuple(trusted_keys), lock_timeout, owner, deadline)
+                elif _holds(components, "flashinfer"):  # FlashInfer's links, which an archive never holds
+                    workspace.make_links(staging / workspace.PREFIX, art.path_contract.flashinfer, staging)
                 done = Marker(
                     art, got.archive_sha256, datetime.now(UTC).isoformat(timespec="seconds"), signature, components
                 )
@@ -935,6 +937,7 @@ def _into_workspace(
     shared.real_dir(shared.path)
     with locked(shared.top, lock_timeout, owner, deadline):
         building = shared.adopt(staged, art, signature, trusted_keys)
+        workspace.make_links(shared.path, art.path_contract.flashinfer, shared.top.parent)
         lost = [
             u
             for u in shared.missing(art.files, hashed=False, trusted_keys=trusted_keys, known=art)

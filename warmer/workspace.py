@@ -41,15 +41,19 @@ WS = "ws"  # FLASHINFER_WORKSPACE_BASE inside it
 ASIDE = "ws.aside-"  # what W held while a build warms from cold (Workspace.set_aside), beside it
 PREFIX = flashinfer.SUBDIR + "/"  # a root-relative path into the workspace
 _KEY = re.compile(r"[0-9a-f]{16}")
-# A JIT module's files: <version>/<arch>/cached_ops/<m>/... and <version>/<arch>/generated/<m>[/...|.ext]
-_MODULE = re.compile(r"^(flashinfer/\.cache/flashinfer/[^/]+/[^/]+/)(?:cached_ops|generated)/([^/.]+)")
+# A JIT module's files: <version>/<arch>/cached_ops/<m>/... and <version>/<arch>/generated/<m>[/...|.ext], and
+# a trtllm-gen module's generated/trtllm_export/<m>/... (its headers: flashinfer/jit/fused_moe.py, gemm/core.py)
+_MODULE = re.compile(
+    r"^(flashinfer/\.cache/flashinfer/[^/]+/[^/]+/)(?:cached_ops/|generated/(?:trtllm_export/)?)([^/.]+)"
+)
+TRTLLM_EXPORT = "trtllm_export"
 MAX_UNITS_BYTES = 64 << 20
 
 
 def key(contract: flashinfer.FlashInferContract) -> str:
     """What every module's compile command depends on, but the workspace itself: FlashInfer's,
     tvm-ffi's and Python's paths, CUDA_HOME, ninja and the compile-affecting env."""
-    doc = {k: v for k, v in contract.to_json().items() if k not in ("workspace_base", "modules")}
+    doc = {k: v for k, v in contract.to_json().items() if k not in ("workspace_base", "modules", "links")}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -266,19 +270,7 @@ class Workspace:
         """path, made a directory one level at a time from the root base's .flashinfer/ down, each
         level a real directory: W is writable by every pod of the node, and a link planted in it
         would send what a restore (run as root) moves or removes anywhere. ArchiveError if one is not."""
-        base = self.top.parent
-        for part in (base, *reversed([p for p in path.parents if p.is_relative_to(base) and p != base]), path):
-            try:
-                os.mkdir(part)
-            except FileExistsError:
-                pass
-            st = os.lstat(part)
-            if not stat.S_ISDIR(st.st_mode):
-                raise archive.ArchiveError(
-                    f"{part} in the shared FlashInfer workspace is not a directory "
-                    f"({stat.filemode(st.st_mode)}): warmer never makes one; remove it"
-                )
-        return path
+        return _real_dir(self.top.parent, path)
 
     def _clear(self, unit: str) -> None:
         """What W holds of unit, removed before another copy moves in (a module: its build directory
@@ -291,7 +283,9 @@ class Workspace:
         base, name = self.real_dir(self.path / m.group(1)[len(PREFIX) :]), m.group(2)
         self.real_dir(base / "cached_ops")
         self.real_dir(base / "generated")
-        for d in (base / "cached_ops" / name, base / "generated" / name):
+        if os.path.lexists(base / "generated" / TRTLLM_EXPORT):
+            self.real_dir(base / "generated" / TRTLLM_EXPORT)  # never removed through a link planted there
+        for d in (base / "cached_ops" / name, base / "generated" / name, base / "generated" / TRTLLM_EXPORT / name):
             if d.is_dir() and not d.is_symlink():
                 shutil.rmtree(d)
         for f in (base / "generated").glob(f"{name}.*"):
@@ -325,6 +319,42 @@ class Workspace:
         if made & records.keys():
             self._write_records({u: art_id for u, art_id in records.items() if u not in made})
         shutil.rmtree(aside)
+
+
+def make_links(ws: Path, contract: flashinfer.FlashInferContract | None, base: Path) -> None:
+    """FlashInfer's links (contract.links) in the workspace ws, as FlashInfer makes them before it runs
+    ninja (flashinfer/jit/cubin_loader.py ensure_symlink): ninja's deps name the trtllm-gen export
+    headers through them, so without them warmer's dry run calls the modules dirty, and verify counts
+    the headers FlashInfer links in as new files. Each is relative, to its target in ws's cubin dir
+    (FlashInfer keeps a link that resolves to its target); a path that holds anything already is left
+    as it is (FlashInfer replaces a stale one itself). Its directories are made from base down, each
+    a real directory (_real_dir)."""
+    if contract is None:
+        return
+    cache = ws / flashinfer.CACHE
+    for rel, target in contract.links.items():
+        link = cache / rel
+        try:
+            os.symlink(os.path.relpath(cache / "cubins" / target, _real_dir(base, link.parent)), link)
+        except FileExistsError:
+            pass
+
+
+def _real_dir(base: Path, path: Path) -> Path:
+    """path under base, made a directory one level at a time from base down, each level a real
+    directory (Workspace.real_dir). ArchiveError if one is not."""
+    for part in (base, *reversed([p for p in path.parents if p.is_relative_to(base) and p != base]), path):
+        try:
+            os.mkdir(part)
+        except FileExistsError:
+            pass
+        st = os.lstat(part)
+        if not stat.S_ISDIR(st.st_mode):
+            raise archive.ArchiveError(
+                f"{part} in the shared FlashInfer workspace is not a directory "
+                f"({stat.filemode(st.st_mode)}): warmer never makes one; remove it"
+            )
+    return path
 
 
 def _files(top: Path) -> Iterator[str]:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from warmer.components.base import Check, Component, Held
 from warmer.finding import WARNING, Finding
 from warmer.fingerprint import cuda_home, ninja_path_and_version, package_dir
-from warmer.untrusted import Fields
+from warmer.untrusted import Fields, InvalidDocument
 
 if TYPE_CHECKING:
     from warmer.contract import PathContract
@@ -164,6 +164,8 @@ class FlashInferContract:
     ninja: str | None
     env: dict[str, str] = field(hash=False)
     modules: tuple[str, ...] = ()
+    # FlashInfer's links into its cubin dir (link under CACHE: target under its cubins/), re-made at restore
+    links: dict[str, str] = field(default_factory=dict, hash=False)
 
     LABELS = {
         "workspace_base": "workspace real path (ninja keys on absolute paths; a symlink does not help)",
@@ -189,6 +191,7 @@ class FlashInferContract:
             ninja=f.opt_text("ninja"),
             env=f.str_map("env"),
             modules=f.str_list("modules"),
+            links=_checked_links(f.str_map("links")) if f.doc.get("links") is not None else {},
         )
 
     def to_json(self) -> dict:
@@ -220,7 +223,37 @@ def contract(root: Path, env: dict) -> FlashInferContract | None:
         ninja=ninja_path_and_version(env)[1],
         env={k: env[k] for k in COMPILE_ENV if k in env},
         modules=tuple(m.name for m in modules(root)),
+        links=links(root),
     )
+
+
+def links(root: Path) -> dict[str, str]:
+    """The links FlashInfer made in root's workspace into its cubin dir, {link under CACHE: target under
+    its cubins/}. Its trtllm-gen modules include their export headers through them (jit/fused_moe.py,
+    moe_utils.py, gemm/core.py: ensure_symlink(generated/.../trtllmGen_*_export -> FLASHINFER_CUBIN_DIR/...))
+    and ninja's deps name the headers by the linked path; an artifact holds no links, so a restore makes
+    these again (warmer.workspace.make_links). A link to anywhere else is not recorded."""
+    cache = root / SUBDIR / CACHE
+    cubins = os.path.realpath(cache / "cubins")
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(cache):  # links are not followed
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            if os.path.islink(full) and (real := os.path.realpath(full)).startswith(cubins + "/"):
+                out[os.path.relpath(full, cache)] = os.path.relpath(real, cubins)
+    return dict(sorted(out.items()))
+
+
+def _checked_links(links: dict[str, str]) -> dict[str, str]:
+    """An artifact's links, refused unless each is a plain relative path (no '..', not absolute) and none
+    lies under another: a restore makes them inside the workspace, to targets inside its cubin dir."""
+    for link, target in links.items():
+        for path in (link, target):
+            if any(part in ("", ".", "..") for part in path.split("/")) or "\0" in path:
+                raise InvalidDocument(f"flashinfer.links: {path!r} is not a plain relative path: refused")
+        if any(parent in links for parent in map(str, Path(link).parents) if parent != "."):
+            raise InvalidDocument(f"flashinfer.links: {link!r} lies under another link: refused")
+    return links
 
 
 def compare(built: FlashInferContract | None, node: FlashInferContract | None) -> list[str]:
