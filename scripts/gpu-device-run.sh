@@ -21,6 +21,18 @@ BUDGET=${WARMER_DEVICE_BUDGET_S:-560}
 NEGATIVE_S=45  # the least a negative control needs (about 15-30 s measured on CPU)
 save() { tar -czf "$OUT/gpu-run.tar.gz.part" -C "$LOGS" . && mv "$OUT/gpu-run.tar.gz.part" "$OUT/gpu-run.tar.gz"; }
 export WARMER_GPU_CHECK_DIR=${WARMER_GPU_CHECK_DIR:-${TMPDIR:-/tmp}/warmer-gpu-check}
+# gpu_check.py copies each process's logs beside its report when it ends; one stopped by the budget
+# or crashed did not: then they are taken from the work dir here (before the next step replaces them),
+# with pip's log of the wheels' install.
+keep() {
+  local dest=$LOGS/$1 runs=$WARMER_GPU_CHECK_DIR/runs f
+  if [ -f "$WARMER_GPU_CHECK_DIR/pip.log" ] && [ ! -f "$LOGS/pip.log" ]; then cp "$WARMER_GPU_CHECK_DIR/pip.log" "$LOGS/"; fi
+  [ -f "$dest/gpu-check.json" ] && return 0
+  for f in "$runs"/*/*/output.log "$runs"/*/*/result.json "$runs"/*/*/log/*.log; do
+    [ -f "$f" ] || continue
+    mkdir -p "$(dirname "$dest/gpu-check-logs/${f#"$runs"/}")" && cp "$f" "$dest/gpu-check-logs/${f#"$runs"/}"
+  done
+}
 NEGATIVES=(torch-compile aot-compile flashinfer-jit flashinfer-autotune triton-autotune)
 for arg in "$@"; do
   if [ "$arg" = --cpu ]; then NEGATIVES=(torch-compile aot-compile flashinfer-jit); fi
@@ -33,6 +45,7 @@ check=$?
 grep -E '^(CHECK|  |PHASES|[a-z-]+ (cold|warm restart|restored) |gpu-check:)' "$LOGS/check.log"
 [ "$check" -ge 124 ] && echo "gpu-device-run: the check ran past the budget of $BUDGET s" | tee -a "$LOGS/summary.txt"
 echo "gpu-device-run: the check exited $check after $((SECONDS - t0)) s" | tee -a "$LOGS/summary.txt"
+keep check
 save
 ok=$((check == 0))
 incomplete=0
@@ -54,6 +67,7 @@ if [ "$check" -le 1 ]; then  # 2: the check could not run (124, 137: stopped); n
     fi
     grep -E "^CHECK $c:" "$LOGS/negative-$c.log"
     echo "gpu-device-run: negative $c: $verdict in $((SECONDS - t)) s" | tee -a "$LOGS/summary.txt"
+    keep "negative-$c"
     save
   done
 fi

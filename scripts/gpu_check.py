@@ -418,8 +418,11 @@ class Runner:
         env["PYTHONPATH"] = os.pathsep.join([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
                                             + [str(REPO)])
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "warmer", *args, "--json"], env=env, capture_output=True,
-                              text=True, timeout=max(self.left(), 30))
+        try:
+            proc = subprocess.run([sys.executable, "-m", "warmer", *args, "--json"], env=env, capture_output=True,
+                                  text=True, timeout=max(self.left(), 30))
+        except subprocess.TimeoutExpired as e:   # a SetupError: the runs so far are still reported
+            raise SetupError(f"warmer {args[0]} ran past the budget ({e.timeout:.0f} s)") from None
         wall = round(time.monotonic() - t0, 2)
         if proc.returncode != 0:
             raise SetupError(f"warmer {args[0]} failed ({proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}")
@@ -820,6 +823,15 @@ def main(argv: list[str]) -> int:
             restored[check] = run.run_check("restored", check)
     except SetupError as e:
         print(f"gpu-check: cannot run: {e}", file=sys.stderr)
+        # A pack that failed because every cold run failed (nothing to pack) says nothing of why they
+        # did: what each process said, and its logs, are the evidence of a one-shot device run.
+        for phase, runs in (("cold", cold), ("warm", warm)):
+            for check, r in runs.items():
+                if "error" in r:
+                    print(f"  {PHASE_NAMES[phase]} {check} failed: {_first_line(r['error'])}")
+        report.update({"error": str(e), "cold": cold, "warm": warm, "reused_cold": reused, "exit_code": EXIT_SETUP,
+                       "total_s": round(time.monotonic() - t_start, 1)})
+        write_report(opts, report)
         return EXIT_SETUP
 
     lines = []
@@ -870,6 +882,12 @@ def main(argv: list[str]) -> int:
     report["exit_code"] = exit_code
     print(f"gpu-check: {'PASS' if exit_code == 0 else 'FAIL'} in {report['total_s']:.0f} s "
           f"({'cold reused, ' if reused else ''}report {opts.work / 'gpu-check.json'})")
+    write_report(opts, report)
+    return exit_code
+
+
+def write_report(opts, report: dict) -> None:
+    """The report into the work dir, and into $OUT (or --json) with each process's logs beside it."""
     text = json.dumps(report, indent=1, default=str)
     (opts.work / "gpu-check.json").write_text(text)
     out = opts.json_out or (Path(os.environ["OUT"]) / "gpu-check.json" if os.environ.get("OUT") else None)
@@ -882,7 +900,6 @@ def main(argv: list[str]) -> int:
             dest = logs / f.relative_to(opts.work / "runs")
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(f, dest)
-    return exit_code
 
 
 if __name__ == "__main__":
