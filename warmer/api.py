@@ -42,7 +42,7 @@ from warmer.deadline import Deadline
 from warmer.entry import IndexEntry
 from warmer.envfile import EnvFile
 from warmer.errors import UsageError, WarmerError
-from warmer.recipe import Recipe, load
+from warmer.recipe import Recipe, load, read_doc
 from warmer.store import NAME, Store, open_store
 
 if TYPE_CHECKING:
@@ -474,7 +474,8 @@ def recipe_name_of(name_or_file: PathLike) -> str:
     text = str(name_or_file)
     if NAME.match(text) and not text.endswith(".toml"):
         return text
-    return load(text).name
+    # Its name alone, as `warmer matrix` reads it: listing a store needs no model path or ${VAR} of this machine.
+    return _matrix.name_and_targets(read_doc(text)[0], Path(text))[0]
 
 
 def ls(

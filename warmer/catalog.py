@@ -213,10 +213,11 @@ def ls(store: Store, recipe: str | None = None) -> Listing:
 
 def split_entry_url(url: str) -> tuple[str, str, str]:
     """STORE/index/RECIPE/KEY[.json] → (STORE, RECIPE, KEY or a key prefix)."""
-    base, sep, rest = url.rstrip("/").rpartition("/index/")
-    recipe, _, key = rest.partition("/")
+    # From the right: a recipe may itself be named "index" (STORE/index/index/KEY).
+    parts = url.rstrip("/").rsplit("/", 3)
+    base, sep, recipe, key = parts if len(parts) == 4 else ("", "", "", "")
     key = key.removesuffix(".json")
-    if not sep or not base or not recipe or "/" in key or len(key) < 8 or not HEX64.match(key.ljust(64, "0")):
+    if sep != "index" or not base or not recipe or len(key) < 8 or not HEX64.match(key.ljust(64, "0")):
         raise UsageError(
             f"{url!r} does not name a published artifact: use STORE/index/RECIPE/KEY, e.g. "
             "s3://bucket/prefix/index/my-recipe/3fa2c1d4e5f60718 (at least 8 hex digits of the "
@@ -372,6 +373,11 @@ def gc(
     if keep < 1:
         raise UsageError(
             f"--keep {keep}: keep at least 1 artifact per recipe and machine kind, or nodes of that kind all start cold"
+        )
+    # not (0 <= x <= max): also NaN, which no comparison holds (and timedelta refuses it, as it does 1e10 days)
+    if older_than_days is not None and not 0 <= older_than_days <= timedelta.max.days:
+        raise UsageError(
+            f"--older-than {older_than_days}: give a number of days from 0 to {timedelta.max.days} (e.g. 30)"
         )
     now = now or datetime.now(UTC)
     entries, unreadable = read_entries(store, store.list_index())

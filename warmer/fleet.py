@@ -31,14 +31,17 @@ class Outcome:
     seconds: float
     why_skipped: str | None = None
     bad_recipe: str | None = None  # why the recipe file could not be used: the others still fetch
+    bad_root: str | None = None  # why ROOT_BASE/RECIPE cannot be a root (a file, a link): the others still fetch
 
     @property
     def status(self) -> str:
-        return "bad-recipe" if self.bad_recipe else "skipped" if self.result is None else self.result.status
+        if self.bad_recipe or self.bad_root:
+            return "bad-recipe" if self.bad_recipe else "bad-root"
+        return "skipped" if self.result is None else self.result.status
 
     def line(self) -> str:
-        if self.bad_recipe:
-            return f"{self.recipe}: bad-recipe, not fetched: {self.bad_recipe}"
+        if self.bad_recipe or self.bad_root:
+            return f"{self.recipe}: {self.status}, not fetched: {self.bad_recipe or self.bad_root}"
         if self.result is None:
             return f"{self.recipe}: skipped ({self.why_skipped})"
         r = self.result
@@ -49,8 +52,8 @@ class Outcome:
 
     def to_json(self) -> dict:
         doc = {"recipe": self.recipe, "root": self.root, "seconds": round(self.seconds, 3)}
-        if self.bad_recipe:
-            doc.update(status="bad-recipe", why=self.bad_recipe)
+        if self.bad_recipe or self.bad_root:
+            doc.update(status=self.status, why=self.bad_recipe or self.bad_root)
         elif self.result is None:
             doc.update(status="skipped", why=self.why_skipped)
         else:
@@ -91,7 +94,17 @@ def recipes_for_node(
             chosen.append(parse(doc, f, text))
         except UsageError as e:  # this node's recipe, and unusable here: the operator's to fix
             bad.append((name, str(e)))
-    return chosen, skipped, bad
+    # Two files of one name would fetch into one root, each round swapping one in for the other (and
+    # repeat the name's metrics, which node_exporter refuses): neither is fetched, as `warmer matrix` refuses them.
+    files: dict[str, list[str]] = {}
+    for r in chosen:
+        files.setdefault(r.name, []).append(str(r.source))
+    twice = {name: paths for name, paths in files.items() if len(paths) > 1}
+    bad += [
+        (name, f"{' and '.join(paths)} are all named {name!r}: recipe names must be unique")
+        for name, paths in twice.items()
+    ]
+    return [r for r in chosen if r.name not in twice], skipped, bad
 
 
 def fetch_all(
@@ -119,6 +132,10 @@ def fetch_all(
     def one(recipe: Recipe) -> Outcome:
         t0 = time.perf_counter()
         root = root_base / recipe.name
+        try:  # one recipe's root that cannot be one is that recipe's outcome, never the others' end
+            restore.check_root(root)
+        except UsageError as e:
+            return Outcome(recipe.name, str(root), None, 0.0, bad_root=str(e))
         result = fetch.fetch(
             recipe,
             store_url,
@@ -146,7 +163,7 @@ def fetch_all(
 
 def metrics(outcomes: list[Outcome]) -> str:
     """node_exporter textfile-collector metrics (Prometheus text format) of fetch outcomes."""
-    statuses = (*fetch.STATUSES, "bad-recipe")
+    statuses = (*fetch.STATUSES, "bad-recipe", "bad-root")
     lines = [
         "# HELP warmer_fetch_seconds Seconds the last warmer fetch of a recipe took.",
         "# TYPE warmer_fetch_seconds gauge",

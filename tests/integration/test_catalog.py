@@ -213,3 +213,31 @@ def test_gc_deletes_the_copy_a_killed_publisher_left_in_a_file_store(tmp_path):
     done = catalog.gc(store, 1, now=later)
     assert done.to_json()["scraps_deleted"][0]["bytes"] == 1 << 20
     assert store.list_scraps() == [] and store.list_index() == [("tiny", entry.key)]
+
+
+@pytest.mark.parametrize("days", ["nan", "-1", "1e10"])
+def test_gc_older_than_that_is_no_number_of_days_is_a_usage_error(tmp_path, days):
+    """`--older-than nan` (or past what a timedelta holds) was a traceback, with no JSON on stdout."""
+    store = open_store(f"file://{tmp_path / 'store'}")
+    publish(store, tmp_path, "tiny", None, 40)
+    publish(store, tmp_path, "tiny", None, 30)
+    before = state(store)
+    out = subprocess.run([sys.executable, "-m", "warmer", "gc", "--store", store.url, "--keep", "1", "--older-than",
+                          days, "--json"], capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["kind"] == "usage" and "--older-than" in doc["error"] and "Traceback" not in out.stderr
+    assert state(store) == before
+
+
+def test_rm_and_inspect_name_an_entry_of_a_recipe_named_index(tmp_path):
+    """STORE/index/index/KEY: the URL is read from the right, so a recipe named "index" can still be
+    inspected and removed (rm is the one way out for a bad entry)."""
+    store = open_store(f"file://{tmp_path / 'store'}")
+    entry, other = publish(store, tmp_path, "index", None, 1), publish(store, tmp_path, "tiny", None, 1)
+    assert catalog.split_entry_url(f"{store.url}/index/index/{entry.key[:12]}") == (store.url, "index", entry.key[:12])
+    assert catalog.read_entry(f"{store.url}/index/index/{entry.key[:12]}").key == entry.key
+    catalog.rm(f"{store.url}/index/index/{entry.key[:12]}", yes=True)
+    assert store.list_index() == [("tiny", other.key)]
+    with pytest.raises(UsageError, match="does not name a published artifact"):
+        catalog.split_entry_url(f"{store.url}/index/tiny/x/{other.key[:12]}")

@@ -39,3 +39,18 @@ def test_a_miss_is_a_result_and_errors_share_one_base(tmp_path):
     with pytest.raises(UsageError) as e:
         api.recipe(tmp_path / "absent.toml")
     assert isinstance(e.value, WarmerError) and e.value.exit_code == 2
+
+
+def test_ls_by_recipe_file_needs_only_its_name(tmp_path, packed, monkeypatch):
+    """`warmer ls --store S --recipe manifests/models/X.toml` on an operator's laptop: the recipe's
+    ${VAR}s (the nodes' model path) are not set there, and listing a store needs its name alone."""
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, packed("a").path)
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml", model_path="${NODE_MODEL_DIR}/tiny")
+    monkeypatch.delenv("NODE_MODEL_DIR", raising=False)
+    with pytest.raises(UsageError, match="NODE_MODEL_DIR"):
+        api.recipe(recipe)  # what fetch or build would say
+    assert [r.recipe for r in api.ls(store.url, recipe).rows] == ["tiny"]
+    assert api.ls(store.url, "tiny").rows == api.ls(store.url, recipe).rows
+    with pytest.raises(UsageError, match="does not exist"):
+        api.ls(store.url, tmp_path / "absent.toml")

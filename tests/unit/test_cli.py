@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -95,12 +97,32 @@ def test_an_env_file_that_cannot_be_written_is_named(tmp_path, packed):
     out = run_warmer("restore", p.path, "--root", tmp_path / "root", "--recipe", recipe, "--env-file", target)
     assert out.returncode == 1
     assert str(target) in out.stderr and ".tmp" not in out.stderr, out.stderr
-    if os.geteuid() != 0:  # root writes anywhere
-        locked = tmp_path / "locked"
-        locked.mkdir(mode=0o500)
-        out = run_warmer("restore", p.path, "--root", tmp_path / "root2", "--recipe", recipe, "--env-file",
-                         locked / "x.env")
+    # A directory this user may not write in. Root writes anywhere (CI runs as root): there the CLI
+    # drops to nobody once imported, as test_restore_safety.py's test_missing_permissions does.
+    base = Path(tempfile.mkdtemp(prefix="warmer-envfile-"))  # pytest's tmp dirs are private to their owner
+    try:
+        base.chmod(0o755)
+        for src, name in ((p.path, "a.tar.zst"), (recipe, "tiny.toml")):
+            shutil.copy(src, base / name)
+            (base / name).chmod(0o644)
+        (base / "work").mkdir()
+        if os.geteuid() == 0:
+            os.chown(base / "work", 65534, 65534)
+        locked = base / "locked"
+        locked.mkdir(mode=0o555)
+        # Everything is imported first (the recipe's load imports jsonschema): this Python may sit
+        # where nobody cannot read, under /root.
+        script = ("import os, sys; from pathlib import Path; from warmer import cli, recipe\n"
+                  "recipe.load(Path(sys.argv[sys.argv.index('--recipe') + 1]))\n"
+                  "if os.geteuid() == 0:\n    os.setgid(65534); os.setuid(65534)\n"
+                  "sys.exit(cli.main(sys.argv[1:]))\n")
+        out = subprocess.run([sys.executable, "-c", script, "restore", str(base / "a.tar.zst"), "--root",
+                              str(base / "work" / "root"), "--recipe", str(base / "tiny.toml"), "--env-file",
+                              str(locked / "x.env")], capture_output=True, text=True, cwd=REPO)
+        assert out.returncode == 1 and "Permission denied" in out.stderr, out.stderr
         assert str(locked / "x.env") in out.stderr and ".tmp" not in out.stderr, out.stderr
+    finally:
+        shutil.rmtree(base)
 
 
 # -- 9. sizes --------------------------------------------------------------------------------------
@@ -221,6 +243,21 @@ def test_restore_writes_the_env_from_the_artifact_when_no_recipe_is_given(tmp_pa
     assert f"VLLM_CACHE_ROOT={root / 'vllm'}" in without.read_text()
 
 
+def test_restore_prints_an_env_a_shell_can_eval(tmp_path, packed):
+    """`eval "$(warmer restore FILE --root DIR --recipe R)"`, as for fetch: stdout holds the export
+    lines alone (the report goes to stderr); without them stdout still has the report."""
+    p = packed("a")
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    root = tmp_path / "root"
+    script = 'set -e; eval "$("$@")"; printf %s "$VLLM_CACHE_ROOT"'
+    out = subprocess.run(["bash", "-c", script, "-", sys.executable, "-m", "warmer", "restore", str(p.path),
+                          "--root", str(root), "--recipe", str(recipe)], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and out.stdout == str(root / "vllm"), out.stderr
+    assert "status: restored" in out.stderr
+    plain = run_warmer("restore", p.path, "--root", tmp_path / "root2")
+    assert plain.returncode == 0 and "status: restored" in plain.stdout, plain.stderr
+
+
 def test_a_recipe_rebuilt_from_an_artifact_is_the_recipe_it_was_built_with(packed):
     from warmer.recipe import Recipe
 
@@ -325,3 +362,26 @@ def test_a_recipe_path_that_is_a_directory_is_a_usage_error_naming_it(tmp_path, 
     doc = json.loads(out.stdout)
     assert out.returncode == 2 and doc["kind"] == "usage", out.stdout
     assert doc["error"].startswith(f"recipe {tmp_path} is a directory"), doc["error"]
+
+
+def test_a_build_that_fails_verify_is_one_json_document(tmp_path, monkeypatch, capsys):
+    """CI reads `warmer build --json` with one json.loads: a build refused for its recompiles says
+    its error and what it measured in one object, not two documents one after the other."""
+    from warmer import api, cli
+
+    measured = build.BuildResult("tiny", "ab" * 32, "file:///s", "built", files=5)
+
+    def refused(*args, **kw):
+        raise build.BuildError("verify found 3 recompiled file(s): not publishing", measured)
+
+    monkeypatch.setattr(api, "build", refused)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # main's SIGTERM handler stays out of pytest
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    code = cli.main(["build", str(recipe), "--store", f"file://{tmp_path / 's'}", "--root", str(tmp_path / "r"),
+                     "--json"])
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert code == doc["exit_code"] == 1 and doc["kind"] == "error" and "recompiled" in doc["error"]
+    assert doc["report"] == measured.to_json()
+    cli.main(["build", str(recipe), "--store", f"file://{tmp_path / 's'}", "--root", str(tmp_path / "r")])
+    assert "recipe tiny  key abababababababab" in capsys.readouterr().out  # a person still reads the report

@@ -1,6 +1,7 @@
 """Signed artifacts: with a trusted key configured, unsigned or wrongly signed ones are refused."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -95,3 +96,18 @@ def test_keys_made_with_openssl_work(setup):
         signing.verify(manifest + b" ", sig, [pub])
     with pytest.raises(signing.KeyFileError, match="not an unencrypted PEM"):  # the operator's file: a usage error
         signing.verify(manifest, sig, [setup["artifact"]])
+
+
+def test_the_trusted_key_flag_replaces_the_env_keys(setup):
+    """Rotating away from a leaked key: --trusted-key NEW beside WARMER_TRUSTED_KEY=OLD trusts NEW alone."""
+    old_private, old_public = setup["keys"]["builder"]
+    art = setup["artifact"]
+    signing.write_sidecar(art, signing.sign(restore.archive.read_manifest(open(art, "rb")), old_private))
+    env = {**os.environ, "WARMER_TRUSTED_KEY": str(old_public)}
+    cmd = [sys.executable, "-m", "warmer", "restore", str(art), "--root"]
+    by_env = subprocess.run(cmd + [str(setup["tmp"] / "r1")], capture_output=True, text=True, cwd=REPO, env=env)
+    assert by_env.returncode == 0, by_env.stderr
+    new = ["--trusted-key", str(setup["keys"]["stranger"][1])]
+    rotated = subprocess.run(cmd + [str(setup["tmp"] / "r2"), *new], capture_output=True, text=True, cwd=REPO, env=env)
+    assert rotated.returncode == 1 and "not among the trusted keys" in rotated.stderr
+    assert not (setup["tmp"] / "r2").exists()

@@ -91,6 +91,12 @@ def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def env_now(name: str) -> str:
+    """The ", now VALUE" of a flag's help when the env sets its default (README: --help shows each)."""
+    value = os.environ.get(name)
+    return f", now {value}" if value else ""
+
+
 def add_recipe(c: argparse.ArgumentParser) -> None:
     c.add_argument("recipe", metavar="RECIPE", help="a recipe file, e.g. manifests/models/NAME.toml")
 
@@ -166,19 +172,29 @@ def add_layers(c: argparse.ArgumentParser) -> None:
         default=env_flag("WARMER_LAYERS"),
         help="publish each cache component as a layer of its own, stored once whatever number of "
         "artifacts hold it (only the layers the store lacks go up); nodes need this warmer version "
-        "to read it (env WARMER_LAYERS=1)",
+        f"to read it (env WARMER_LAYERS=1{env_now('WARMER_LAYERS')})",
     )
+
+
+class _AppendOverEnv(argparse.Action):
+    """append, where the first flag replaces a default the env gave: a flag wins, as for every
+    setting (argparse's own append adds to the default, so a key rotated out of the env stays trusted)."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        given = getattr(namespace, self.dest)
+        keep = [] if given is self.default else list(given or [])
+        setattr(namespace, self.dest, [*keep, values])
 
 
 def add_trust(c: argparse.ArgumentParser) -> None:
     default = [k for k in os.environ.get("WARMER_TRUSTED_KEY", "").split(os.pathsep) if k] or None
     c.add_argument(
         "--trusted-key",
-        action="append",
+        action=_AppendOverEnv,
         metavar="PUBKEY",
         default=default,
         help="Ed25519 public key (PEM); when given, only artifacts it signed are restored "
-        "(repeat for several keys; env WARMER_TRUSTED_KEY, several separated by ':')",
+        f"(repeat for several keys; env WARMER_TRUSTED_KEY, several separated by ':'{env_now('WARMER_TRUSTED_KEY')})",
     )
 
 
@@ -202,7 +218,7 @@ def add_owner(c: argparse.ArgumentParser) -> None:
         default=os.environ.get("WARMER_OWNER") or None,
         metavar="UID:GID",
         help="hand the restored root to this user (run as root): vLLM, which writes lock and "
-        "temporary files into it even on a full hit, runs as UID (env WARMER_OWNER)",
+        f"temporary files into it even on a full hit, runs as UID (env WARMER_OWNER{env_now('WARMER_OWNER')})",
     )
 
 
@@ -264,8 +280,9 @@ def _owner(text: str) -> tuple[int, int]:
 # -- The parser --------------------------------------------------------------------------------
 
 EPILOG = (
-    "environment: WARMER_STORE, WARMER_ROOT, WARMER_TRUSTED_KEY and WARMER_REQUIRE are the defaults of\n"
-    "--store, --root, --trusted-key and --require; a flag wins.\n\nexit codes:\n" + errors.exit_code_table()
+    "environment: WARMER_STORE, WARMER_ROOT, WARMER_TRUSTED_KEY, WARMER_REQUIRE, WARMER_DEADLINE,\n"
+    "WARMER_OWNER and WARMER_LAYERS are the defaults of --store, --root, --trusted-key, --require,\n"
+    "--deadline, --owner and --layers; a flag wins.\n\nexit codes:\n" + errors.exit_code_table()
 )
 _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<value>[^']*)' \(choose from (?P<choices>.*)\)$")
 _COMMAND = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
@@ -417,8 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args, out)
     except KeyboardInterrupt:
         return _fail(args, "interrupted", "interrupted", errors.EXIT_INTERRUPTED)
-    except errors.WarmerError as e:
-        return _fail(args, str(e), e.kind, e.exit_code)
+    except errors.WarmerError as e:  # report: what a failed command measured up to then (build's BuildError)
+        return _fail(args, str(e), e.kind, e.exit_code, getattr(e, "report", None))
     except OSError as e:  # a file the operator named, a disk: the message says which
         if isinstance(e, BrokenPipeError) and _stdout_gone():
             raise  # whoever read stdout went away (`warmer ls | head -1`): run() ends quietly
@@ -459,8 +476,11 @@ def _exit_on_sigpipe() -> NoReturn:
     os._exit(errors.EXIT_PIPE)  # not reached: the signal ends the process
 
 
-def _fail(args: argparse.Namespace, message: str, kind: str, code: int) -> int:
+def _fail(args: argparse.Namespace, message: str, kind: str, code: int, report: Any = None) -> int:
     print(f"warmer: {args.command}: {message}", file=sys.stderr)
     if getattr(args, "json", False):
-        print(json.dumps({"error": message, "kind": kind, "exit_code": code}))
+        doc: dict[str, Any] = {"error": message, "kind": kind, "exit_code": code}
+        if hasattr(report, "to_json"):  # inside the one object: stdout stays one JSON document
+            doc["report"] = report.to_json()
+        print(json.dumps(doc, default=str))
     return code

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         )
     except errors.WarmerError as e:  # the CI summary says why, whatever stopped the build
         partial = getattr(e, "report", None)
-        if partial is not None:
+        if partial is not None and not out.json:  # with --json, main puts it in the error object
             out.emit(partial, report(partial))
         _step_summary(args, partial, recipe.name, str(e))
         raise

@@ -19,6 +19,7 @@ from warmer.cli import (
     add_store,
     add_trust,
     env_flag,
+    env_now,
     store_options,
     write_env,
 )
@@ -45,7 +46,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         default=_require_env(),
         metavar="COMPONENTS",
         help=f"exit {EXIT_MISS} unless it hits, instead of 0; with COMPONENTS (e.g. flashinfer,triton), unless "
-        "at least those are restored: a partial hit that has them passes (env WARMER_REQUIRE=1 or =COMPONENTS)",
+        "at least those are restored: a partial hit that has them passes (env WARMER_REQUIRE=1 or =COMPONENTS"
+        f"{env_now('WARMER_REQUIRE')})",
     )
     c.add_argument(
         "--all",
@@ -86,6 +88,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, out: Output) -> int:
     args.require = required_components(args.require)  # a typo is said before anything is fetched
+    if args.metrics_file:
+        check_metrics_file(args.metrics_file)
     if args.all:
         return _fetch_all(args, out)
     if not args.recipe or not args.root:
@@ -112,7 +116,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     write_env(args, result.env)
     if args.metrics_file:
         seconds_ = result.restore.seconds if result.restore else 0.0
-        api.write_fetch_metrics(args.metrics_file, [api.Outcome(result.recipe, result.root, result, seconds_)])
+        _write_metrics(args.metrics_file, [api.Outcome(result.recipe, result.root, result, seconds_)], out)
     out.emit(result)
     return EXIT_OK if args.require is None or result.holds(args.require) else EXIT_MISS
 
@@ -140,10 +144,10 @@ def _fetch_all(args: argparse.Namespace, out: Output) -> int:
     for o in outcomes:
         out.say(f"warmer fetch --all: {o.line()}")
     if args.metrics_file:
-        api.write_fetch_metrics(args.metrics_file, outcomes)
+        _write_metrics(args.metrics_file, outcomes, out)
     out.emit([o.to_json() for o in outcomes])
     fetched = [o.result for o in outcomes if o.result is not None]
-    if any(o.bad_recipe for o in outcomes):  # the others were fetched; a bad file is the operator's to fix
+    if any(o.bad_recipe or o.bad_root for o in outcomes):  # the others were fetched; the operator's to fix
         return errors.EXIT_USAGE
     return EXIT_MISS if args.require is not None and not all(r.holds(args.require) for r in fetched) else EXIT_OK
 
@@ -182,6 +186,25 @@ def check_env_format(recipe: Recipe, root: str, fmt: str) -> None:
         EnvFile({k: v for k, v in env.items() if isinstance(v, str)}).render(fmt)
     except EnvFileError as e:
         raise errors.UsageError(f"{recipe.source}: {e}") from None
+
+
+def check_metrics_file(path: str) -> None:
+    """A --metrics-file that cannot be written is the operator's to fix, said before anything is
+    fetched: found after the fetch, it would fail the pod that the fetch had just warmed."""
+    where = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(where) or not os.access(where, os.W_OK | os.X_OK):
+        raise errors.UsageError(
+            f"--metrics-file {path}: {where} is not a directory this user can write: give a file in "
+            "node_exporter's textfile-collector directory, mounted into the pod"
+        )
+
+
+def _write_metrics(path: str, outcomes: list[api.Outcome], out: Output) -> None:
+    """Metrics are the fetch's record, not its result: a write that fails now (a full disk) is a warning."""
+    try:
+        api.write_fetch_metrics(path, outcomes)
+    except OSError as e:
+        out.warn([f"could not write --metrics-file {path}: {e.strerror or e}"])
 
 
 def report(r: FetchResult) -> str:

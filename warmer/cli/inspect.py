@@ -15,7 +15,9 @@ ORDER = 100
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument(
-        "file", metavar="FILE|URL", help="an artifact file, or STORE/index/RECIPE/KEY (a key prefix will do)"
+        "file",
+        metavar="FILE|URL",
+        help="an artifact file, or STORE/index/RECIPE/KEY (a key prefix of 8+ hex digits will do)",
     )
     c.add_argument("--full", action="store_true", help="with --json: the whole artifact.json, file list included")
     add_s3(c)

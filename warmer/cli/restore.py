@@ -16,8 +16,17 @@ ORDER = 70
 def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("file", metavar="ARTIFACT", help="an artifact file")
     add_root(c)
-    c.add_argument("--recipe", help="also print (or --env-file) the env for serving this recipe")
-    c.add_argument("--force", action="store_true", help="replace a directory at --root that warmer did not create")
+    c.add_argument(
+        "--recipe",
+        help="refuse an artifact built for another recipe (or another version of it), and print (or "
+        "--env-file) the env for serving this recipe",
+    )
+    c.add_argument(
+        "--force",
+        action="store_true",
+        help="restore an artifact built for another --recipe, or replace a directory at --root that warmer "
+        "did not create",
+    )
     add_env_out(c)
     add_limits(c)
     add_trust(c)
@@ -41,5 +50,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
     if args.recipe or args.env_file:
         # Without --recipe, the artifact's own (artifact.json records it): an image build needs no recipe file.
         write_env(args, api.serving_env(args.recipe, args.root, offline=args.offline))
-    out.emit(result, pairs(result.to_json()))
+    if args.recipe and not args.env_file and not out.json:
+        # stdout holds the env's export lines, to eval or source: the report goes beside it, as fetch's does
+        out.say(pairs(result.to_json()))
+    else:
+        out.emit(result, pairs(result.to_json()))
     return EXIT_OK
