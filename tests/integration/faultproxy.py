@@ -92,6 +92,7 @@ class FaultProxy:
     # The bucket's region, as S3 checks it (moto does not): a request signed for another region is
     # answered as S3 answers it, 301 with the bucket's region in x-amz-bucket-region (HEAD: no body).
     bucket_region: str | None = None
+    trickling: int = 0  # trickled answers whose body has begun: the client is in its slow read
 
     def __post_init__(self):
         self._lock = threading.Lock()
@@ -205,12 +206,17 @@ class FaultProxy:
             if action == "trickle":
                 sock.sendall(head.encode())
                 view = memoryview(data)
+                begun = False
                 while view and not self._closed.wait(TRICKLE_S):  # the pace itself: a timer, not a sync
                     try:
                         sock.sendall(view[:TRICKLE])
                     except OSError:  # the client gave up
                         return
                     view = view[TRICKLE:]
+                    if not begun:
+                        begun = True
+                        with self._lock:
+                            self.trickling += 1
                 continue
             sock.sendall(head.encode())
             self._send(sock, data)

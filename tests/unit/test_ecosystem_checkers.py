@@ -140,11 +140,12 @@ def test_the_workflow_passes_zizmor_offline():
 
 
 def test_workflow_actions_are_pinned_to_a_commit_with_their_tag_beside_it():
-    for wf in WORKFLOWS:
-        for line in wf.read_text().splitlines():
-            m = re.search(r"uses:\s*(\S+)@(\S+)(.*)", line)
-            if m and not m.group(1).startswith("./"):
-                assert re.fullmatch(r"[0-9a-f]{40}", m.group(2)) and re.search(r"#\s*v\d", m.group(3)), line
+    used = [line for wf in WORKFLOWS for line in wf.read_text().splitlines() if re.search(r"^\s*(- )?uses:", line)]
+    assert len(used) >= 5, used  # the shipped workflow's checkouts, setup-python, uploads: checked below
+    for line in used:
+        what = line.split("uses:", 1)[1].strip()
+        if not what.startswith("./"):  # an action of this repository has no ref
+            assert re.fullmatch(r"\S+@[0-9a-f]{40}\s+#\s*v\d.*", what), line
 
 
 UNITS = MANIFESTS / "node"

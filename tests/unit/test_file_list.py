@@ -70,15 +70,19 @@ def test_paths_that_share_a_hash_are_compared_before_one_is_called_a_repeat(monk
     """A path listed twice is found from 8 bytes a file (its hash, in one buffer); two paths with
     one hash are then compared whole, so a collision is never taken for a repeat."""
     entries = _entries(50)
-    monkeypatch.setattr(archive.filelist, "hash", lambda _: 42, raising=False)  # every path collides
+    hashed = []
+    monkeypatch.setattr(archive.filelist, "hash", lambda x: hashed.append(x) or 42, raising=False)  # all collide
     assert list(FileList.of(entries)) == entries
+    assert len(hashed) == len(entries)  # the collisions were met: the fast reader hashes each entry with hash()
     with pytest.raises(InvalidDocument, match="lists 'inductor/05/c000005kernel.so' twice"):
         FileList.of(entries + entries[5:6])
     other_form = json.dumps([e._asdict() for e in entries + entries[5:6]]).encode()  # walked with json
     with pytest.raises(InvalidDocument, match="lists 'inductor/05/c000005kernel.so' twice"):
         FileList.parse(other_form, 0, len(other_form), "files")
     other_form = json.dumps([e._asdict() for e in entries]).encode()
+    hashed.clear()
     assert list(FileList.parse(other_form, 0, len(other_form), "files")) == entries
+    assert [x for x in hashed if isinstance(x, str)] == [e.path for e in entries]  # and so does the json walk
 
 
 def test_entries_in_another_form_are_read_as_json_reads_them():

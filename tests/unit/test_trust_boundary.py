@@ -25,7 +25,7 @@ from tests.conftest import REPO, make_cache_tree, run_warmer, time_cap, tiny_rec
 from warmer import archive, build, catalog, fetch, restore
 from warmer.components import flashinfer as flashinfer_jit
 from warmer.artifact import canonical
-from warmer.envfile import EnvFile
+from warmer.envfile import EnvFile, EnvFileError
 from warmer.recipe import parse
 from warmer.store import open_store
 from tests.unit.test_signing import _keypair
@@ -262,11 +262,11 @@ def test_env_values_are_quoted_and_bad_names_refused(tmp_path):
         assert out.stdout == "|".join(v.format(p=proof) for v in hostile.values())
         assert EnvFile.parse(f.read_text()).vars == env.vars
     for bad in ("X=1; touch /tmp/p; Y", "A\nB", "1A", ""):
-        with pytest.raises(Exception, match="not a valid variable name"):
+        with pytest.raises(EnvFileError, match="not a valid variable name"):
             EnvFile.of({bad: "1"})
-    with pytest.raises(Exception, match="NUL"):
+    with pytest.raises(EnvFileError, match="NUL"):
         EnvFile.of({"A": "x\0y"})
-    with pytest.raises(Exception, match="use --env-format shell"):
+    with pytest.raises(EnvFileError, match="use --env-format shell"):
         EnvFile.of({"A": "it's\nmultiline"}).render("dotenv")
 
 
