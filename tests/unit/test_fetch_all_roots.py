@@ -10,17 +10,10 @@ import tomllib
 import pytest
 
 from tests.conftest import run_warmer
+from tests.integration.test_node_bootstrap import SKUS  # a CPU SKU this x86_64 node is, and a GPU one
 from warmer import build, restore
 from warmer.recipe import parse
 from warmer.store import open_store
-
-SKUS = """
-[defaults]
-image = "registry.example.com/vllm-warmer:v0.32.0"
-[sku.cpu-x86_64]
-runs_on = ["ubuntu-latest"]
-node_selector = { "kubernetes.io/arch" = "amd64" }
-"""
 
 
 def _manifests(tmp_path, packed, files: dict[str, str], seqs: int = 4):
