@@ -17,6 +17,7 @@ second recipe whose units W holds intact downloads nothing for its FlashInfer la
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -280,16 +281,24 @@ class Workspace:
         if m is None:
             (self.real_dir((self.path / rel).parent) / Path(rel).name).unlink(missing_ok=True)
             return
-        base, name = self.real_dir(self.path / m.group(1)[len(PREFIX) :]), m.group(2)
-        self.real_dir(base / "cached_ops")
-        self.real_dir(base / "generated")
+        base, name = self.path / m.group(1)[len(PREFIX) :], m.group(2)
+        # Each removed through its directory's fd, opened level by level without following a link: a pod
+        # that swaps a directory of W for a link after it was opened sends nothing a root restore removes
+        # outside W.
+        dirs = [base / "cached_ops", base / "generated"]
         if os.path.lexists(base / "generated" / TRTLLM_EXPORT):
-            self.real_dir(base / "generated" / TRTLLM_EXPORT)  # never removed through a link planted there
-        for d in (base / "cached_ops" / name, base / "generated" / name, base / "generated" / TRTLLM_EXPORT / name):
-            if d.is_dir() and not d.is_symlink():
-                shutil.rmtree(d)
-        for f in (base / "generated").glob(f"{name}.*"):
-            f.unlink(missing_ok=True)
+            dirs.append(base / "generated" / TRTLLM_EXPORT)
+        for d in dirs:
+            fd = _open_dir(self.top.parent, d)
+            try:
+                for entry in os.listdir(fd):
+                    st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+                    if entry == name and stat.S_ISDIR(st.st_mode):
+                        shutil.rmtree(entry, dir_fd=fd)
+                    elif entry.startswith(f"{name}.") and d.name == "generated":
+                        os.unlink(entry, dir_fd=fd)
+            finally:
+                os.close(fd)
 
     # -- a build on a builder: W emptied for its warm-up, what W held merged back after its pack --
 
@@ -334,10 +343,13 @@ def make_links(ws: Path, contract: flashinfer.FlashInferContract | None, base: P
     cache = ws / flashinfer.CACHE
     for rel, target in contract.links.items():
         link = cache / rel
+        fd = _open_dir(base, link.parent)  # made in that directory even if a pod swaps it for a link now
         try:
-            os.symlink(os.path.relpath(cache / "cubins" / target, _real_dir(base, link.parent)), link)
+            os.symlink(os.path.relpath(cache / "cubins" / target, link.parent), link.name, dir_fd=fd)
         except FileExistsError:
             pass
+        finally:
+            os.close(fd)
 
 
 def _real_dir(base: Path, path: Path) -> Path:
@@ -355,6 +367,36 @@ def _real_dir(base: Path, path: Path) -> Path:
                 f"({stat.filemode(st.st_mode)}): warmer never makes one; remove it"
             )
     return path
+
+
+def _open_dir(base: Path, path: Path) -> int:
+    """An fd of path under base, made a directory one level at a time from base down, each level
+    opened through the one above without following a link (O_NOFOLLOW): unlike _real_dir's path,
+    what is done through it stays in that directory when a pod (W is writable by every pod of the
+    node) swaps one of its levels for a link after the check. ArchiveError if one is not a directory."""
+    fd = os.open(_real_dir(base, base), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for i, part in enumerate(path.relative_to(base).parts):
+            try:
+                os.mkdir(part, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as e:
+                if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+                raise archive.ArchiveError(
+                    f"{base.joinpath(*path.relative_to(base).parts[: i + 1])} in the shared FlashInfer workspace "
+                    f"is not a directory ({stat.filemode(st.st_mode)}): warmer never makes one; remove it"
+                ) from None
+            os.close(fd)
+            fd = below
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _files(top: Path) -> Iterator[str]:

@@ -122,7 +122,19 @@ def test_links_outside_the_cubin_dir_are_not_recorded(tmp_path):
 
 @pytest.mark.parametrize(
     "links",
-    [{"../../x": "a"}, {"/etc/x": "a"}, {"a": "/etc"}, {"a": "../../.."}, {"a": "."}, {"a": "b", "a/c": "d"}],
+    [
+        {"../../x": "a"},
+        {"/etc/x": "a"},
+        {"a": "/etc"},
+        {"a": "../../.."},
+        {"a": "."},
+        {"a": "b", "a/c": "d"},
+        # loops, which verify's snapshot (os.walk, links followed) would walk 2**40 times: a link to its own
+        # directory, to itself, and two that lead to each other
+        {"cubins/d/l1": "d", "cubins/d/l2": "d"},
+        {"cubins/d": "d"},
+        {"cubins/x/a": "y", "cubins/y/b": "x"},
+    ],
 )
 def test_an_artifacts_links_that_could_leave_the_workspace_are_refused(links):
     doc = {**flashinfer.FlashInferContract("/w", None, None, None, None, None, None, None, {}).to_json()}
@@ -150,3 +162,64 @@ def test_two_recipes_trtllm_headers_are_units_of_their_own_modules(tmp_path):
     for name in ("a", "b"):
         assert fetch.fetch(recipe(name), store, base / name).restore.status == "already-active"
     assert restore.still_intact(restore.active(base / "a"), base / "a") is None
+
+
+def _swapped_for_a_link(d: Path, outside: Path, symlink=os.symlink) -> Path:
+    """What a pod of the node (the shared workspace is writable by every pod) does between a restore's
+    check of d and its use: d moved aside, a link to outside in its place. Returns where d went."""
+    aside = d.with_name(d.name + ".aside")
+    if not d.is_symlink():
+        d.rename(aside)
+        symlink(outside, d)
+    return aside
+
+
+def test_a_link_is_never_made_outside_the_workspace_through_a_directory_a_pod_swaps_after_the_check(
+    tmp_path, monkeypatch
+):
+    """make_links runs as root in W; a pod that swaps the link's directory for a link to /etc (say) after
+    it was checked, before the link is made, gets nothing made there (was: the link made in the pod's
+    directory, with the artifact's name; a real race, renameat2 in a loop, won in 1 s)."""
+    top = tmp_path / workspace.SHARED / "0123456789abcdef"
+    cache = top / workspace.WS / flashinfer.CACHE
+    rel = f"{MODULE_DIR.split(f'{flashinfer.CACHE}/')[1]}/{LINK}"
+    (cache / rel).parent.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    symlink = os.symlink
+
+    def pod_then_symlink(*args, **kwargs):
+        _swapped_for_a_link((cache / rel).parent, outside, symlink)
+        return symlink(*args, **kwargs)
+
+    monkeypatch.setattr(os, "symlink", pod_then_symlink)
+    fi = flashinfer.FlashInferContract("/w", None, None, None, None, None, None, None, {}, links={rel: EXPORT})
+    workspace.make_links(top / workspace.WS, fi, top.parent)
+    assert list(outside.iterdir()) == []
+    assert (_swapped_for_a_link((cache / rel).parent, outside) / Path(rel).name).is_symlink()  # made where checked
+
+
+def test_a_module_is_never_removed_outside_the_workspace_through_a_directory_a_pod_swaps_after_the_check(
+    tmp_path, monkeypatch
+):
+    """_clear (as root, before a unit moves in) removes a module's generated/trtllm_export/<m>/; a pod that
+    swaps generated/trtllm_export for a link after its check gets nothing outside removed (was: <outside>/<m>
+    removed; a real race, renameat2 in a loop, won 63 times in 10 s)."""
+    ws = workspace.Workspace(tmp_path / workspace.SHARED / "0123456789abcdef")
+    arch = ws.path / MODULE_DIR[len(workspace.PREFIX) :]
+    export = arch / "generated" / workspace.TRTLLM_EXPORT
+    (export / MODULE).mkdir(parents=True)
+    (export / MODULE / "h").write_text("x")
+    outside = tmp_path / "outside"
+    (outside / MODULE).mkdir(parents=True)
+    (outside / MODULE / "precious").write_text("x")
+    rmtree = shutil.rmtree
+
+    def pod_then_rmtree(*args, **kwargs):
+        _swapped_for_a_link(export, outside)
+        return rmtree(*args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", pod_then_rmtree)
+    ws._clear(f"{MODULE_DIR}/cached_ops/{MODULE}")
+    assert (outside / MODULE / "precious").exists()
+    assert not (_swapped_for_a_link(export, outside) / MODULE).exists()  # removed where checked

@@ -246,13 +246,18 @@ def links(root: Path) -> dict[str, str]:
 
 def _checked_links(links: dict[str, str]) -> dict[str, str]:
     """An artifact's links, refused unless each is a plain relative path (no '..', not absolute) and none
-    lies under another: a restore makes them inside the workspace, to targets inside its cubin dir."""
+    lies under another or under a link's target: a restore makes them inside the workspace, to targets
+    inside its cubin dir, and none leads back to a link (a loop: verify's snapshot follows links)."""
+    targets = {f"cubins/{target}" for target in links.values()}
     for link, target in links.items():
         for path in (link, target):
             if any(part in ("", ".", "..") for part in path.split("/")) or "\0" in path:
                 raise InvalidDocument(f"flashinfer.links: {path!r} is not a plain relative path: refused")
-        if any(parent in links for parent in map(str, Path(link).parents) if parent != "."):
+        above = [str(parent) for parent in Path(link).parents if str(parent) != "."]
+        if any(parent in links for parent in above):
             raise InvalidDocument(f"flashinfer.links: {link!r} lies under another link: refused")
+        if any(path in targets for path in (link, *above)):
+            raise InvalidDocument(f"flashinfer.links: {link!r} lies under a link's target (a loop): refused")
     return links
 
 
