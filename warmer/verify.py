@@ -11,7 +11,6 @@ FlashInfer's restored modules clean; the other components compile, as the fetch 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,17 +20,9 @@ from warmer.recipe import Recipe
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
-    """(size, mtime_ns) of every file under root, by root-relative path."""
-    out = {}
-    for dirpath, _, filenames in os.walk(root, followlinks=True):  # into a shared FlashInfer workspace
-        for fn in filenames:
-            full = os.path.join(dirpath, fn)
-            try:
-                st = os.lstat(full)
-            except FileNotFoundError:
-                continue
-            out[os.path.relpath(full, root).replace(os.sep, "/")] = (st.st_size, st.st_mtime_ns)
-    return out
+    """(size, mtime_ns) of every file under root, by root-relative path (warmup.walk: into a shared
+    FlashInfer workspace, no link followed there)."""
+    return {rel: (st.st_size, st.st_mtime_ns) for rel, st in warmup.walk(root)}
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from warmer import components, restore, serving, vllmkey
+from warmer.components import flashinfer
 from warmer.errors import UsageError, WarmerError
 from warmer.recipe import Recipe
 
@@ -223,15 +225,25 @@ def census(root: Path, files: list[tuple[str, int]], sandbox: Path | None) -> tu
 
 
 def _files(base: Path) -> list[tuple[str, int]]:
-    found = []
-    for dirpath, _, filenames in os.walk(base, followlinks=True):  # into a shared FlashInfer workspace
-        for fn in filenames:
-            full = os.path.join(dirpath, fn)
-            try:
-                found.append((os.path.relpath(full, base).replace(os.sep, "/"), os.lstat(full).st_size))
-            except FileNotFoundError:
-                continue
-    return sorted(found)
+    return sorted((rel, st.st_size) for rel, st in walk(base))
+
+
+def walk(base: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """(base-relative path, lstat) of every file under base. No link is followed but base's own
+    flashinfer/ (the link to a shared FlashInfer workspace): one in that workspace, which every pod of
+    the node can write, could be a loop, and FlashInfer's own links there lead to files listed already."""
+    tops = [(base, "")]
+    if (base / flashinfer.SUBDIR).is_symlink():
+        tops.append((base / flashinfer.SUBDIR, flashinfer.SUBDIR + "/"))
+    for top, prefix in tops:
+        for dirpath, _, filenames in os.walk(top):
+            for fn in filenames:
+                full = os.path.join(dirpath, fn)
+                try:
+                    st = os.lstat(full)
+                except FileNotFoundError:
+                    continue
+                yield prefix + os.path.relpath(full, top).replace(os.sep, "/"), st
 
 
 @dataclass(frozen=True)

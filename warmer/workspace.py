@@ -27,7 +27,7 @@ import shutil
 import stat
 import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,7 +138,7 @@ class Workspace:
             return {}
 
     def _write_records(self, records: dict[str, str]) -> None:
-        _write(self.top / "units.json", json.dumps({"units": records}, sort_keys=True).encode())
+        _write(self.top.parent, self.top / "units.json", json.dumps({"units": records}, sort_keys=True).encode())
 
     def _origin(self, art_id: str, trusted_keys: tuple) -> Artifact | None:
         """The origin artifact kept beside W, when its bytes hash to its name (and, with trusted keys,
@@ -226,10 +226,10 @@ class Workspace:
         moved = [u for u in wanted if u in bad and all((staged / e.path[len(PREFIX) :]).is_file() for e in wanted[u])]
         if not moved:
             return []
-        origins = self.real_dir(self.top / "origins")
-        _write(origins / f"{art.id}.json", art.canonical)
+        origins = self.top / "origins"
+        _write(self.top.parent, origins / f"{art.id}.json", art.canonical)
         if signature is not None:
-            _write(origins / f"{art.id}.sig.json", json.dumps(signature.to_json()).encode())
+            _write(self.top.parent, origins / f"{art.id}.sig.json", json.dumps(signature.to_json()).encode())
         records, building = self._records(), []
         for unit in moved:
             with self._flashinfer_lock(unit) as free:
@@ -238,8 +238,9 @@ class Workspace:
                     continue
                 self._clear(unit)
                 for e in wanted[unit]:
-                    rel = e.path[len(PREFIX) :]
-                    os.replace(staged / rel, self.real_dir((self.path / rel).parent) / Path(rel).name)
+                    rel = Path(e.path[len(PREFIX) :])
+                    with _opened(self.top.parent, (self.path / rel).parent) as fd:  # no link followed (_open_dir)
+                        os.replace(staged / rel, rel.name, dst_dir_fd=fd)
             records[unit] = art.id
         self._write_records(records)
         return building
@@ -254,8 +255,8 @@ class Workspace:
         if m is None:
             yield True
             return
-        tmp = self.real_dir(self.path / m.group(1)[len(PREFIX) :] / "cached_ops" / "tmp")
-        fd = os.open(tmp / f"{m.group(2)}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with _opened(self.top.parent, self.path / m.group(1)[len(PREFIX) :] / "cached_ops" / "tmp") as tmp:
+            fd = os.open(f"{m.group(2)}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=tmp)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -279,7 +280,8 @@ class Workspace:
         rel = unit[len(PREFIX) :]
         m = _MODULE.match(unit)
         if m is None:
-            (self.real_dir((self.path / rel).parent) / Path(rel).name).unlink(missing_ok=True)
+            with _opened(self.top.parent, (self.path / rel).parent) as fd, suppress(FileNotFoundError):
+                os.unlink(Path(rel).name, dir_fd=fd)
             return
         base, name = self.path / m.group(1)[len(PREFIX) :], m.group(2)
         # Each removed through its directory's fd, opened level by level without following a link: a pod
@@ -289,16 +291,13 @@ class Workspace:
         if os.path.lexists(base / "generated" / TRTLLM_EXPORT):
             dirs.append(base / "generated" / TRTLLM_EXPORT)
         for d in dirs:
-            fd = _open_dir(self.top.parent, d)
-            try:
+            with _opened(self.top.parent, d) as fd:
                 for entry in os.listdir(fd):
                     st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
                     if entry == name and stat.S_ISDIR(st.st_mode):
                         shutil.rmtree(entry, dir_fd=fd)
                     elif entry.startswith(f"{name}.") and d.name == "generated":
                         os.unlink(entry, dir_fd=fd)
-            finally:
-                os.close(fd)
 
     # -- a build on a builder: W emptied for its warm-up, what W held merged back after its pack --
 
@@ -321,9 +320,15 @@ class Workspace:
         """What set_aside moved out, back into W unit by unit: a unit the build made again stays the
         build's and loses its record (its origin lists the set-aside bytes); the others move back."""
         made = {unit_of(PREFIX + rel) for rel in _files(self.path)}
-        for rel in _files(aside):
-            if unit_of(PREFIX + rel) not in made:
-                os.replace(aside / rel, self.real_dir((self.path / rel).parent) / Path(rel).name)
+        # Both ends through fds, no link followed (fwalk, _open_dir): aside and W are writable by every pod of
+        # the node, and a directory of either swapped for a link would move files from or to anywhere.
+        with _opened(self.top.parent, aside) as top:
+            for dirpath, _, filenames, src in os.fwalk(".", dir_fd=top):
+                for name in filenames:
+                    rel = os.path.normpath(os.path.join(dirpath, name))
+                    if unit_of(PREFIX + rel) not in made:
+                        with _opened(self.top.parent, (self.path / rel).parent) as dst:
+                            os.replace(name, name, src_dir_fd=src, dst_dir_fd=dst)
         records = self._records()
         if made & records.keys():
             self._write_records({u: art_id for u, art_id in records.items() if u not in made})
@@ -343,13 +348,9 @@ def make_links(ws: Path, contract: flashinfer.FlashInferContract | None, base: P
     cache = ws / flashinfer.CACHE
     for rel, target in contract.links.items():
         link = cache / rel
-        fd = _open_dir(base, link.parent)  # made in that directory even if a pod swaps it for a link now
-        try:
+        # made in that directory even if a pod swaps it for a link now
+        with _opened(base, link.parent) as fd, suppress(FileExistsError):
             os.symlink(os.path.relpath(cache / "cubins" / target, link.parent), link.name, dir_fd=fd)
-        except FileExistsError:
-            pass
-        finally:
-            os.close(fd)
 
 
 def _real_dir(base: Path, path: Path) -> Path:
@@ -399,6 +400,27 @@ def _open_dir(base: Path, path: Path) -> int:
     return fd
 
 
+@contextmanager
+def _opened(base: Path, path: Path) -> Iterator[int]:
+    """_open_dir(base, path), closed after."""
+    fd = _open_dir(base, path)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def hand_over(top: Path, owner: tuple[int, int]) -> None:
+    """top and everything under it handed to owner, each through its directory's fd (os.fwalk), no link
+    followed: lchown by path follows a directory above the file that a pod swaps for a link meanwhile (W is
+    the pods'), and root would hand the pod's pick of a file of the node (/etc/shadow) to it."""
+    os.chown(top, *owner, follow_symlinks=False)
+    for _, dirs, files, fd in os.fwalk(top):
+        for name in dirs + files:
+            with suppress(FileNotFoundError):  # gone meanwhile (a running FlashInfer's temporary file)
+                os.chown(name, *owner, dir_fd=fd, follow_symlinks=False)
+
+
 def _files(top: Path) -> Iterator[str]:
     """Every path under top that is not a directory, relative to it (links are not followed)."""
     for dirpath, _, filenames in os.walk(top):
@@ -406,10 +428,12 @@ def _files(top: Path) -> Iterator[str]:
             yield os.path.relpath(os.path.join(dirpath, name), top)
 
 
-def _write(path: Path, data: bytes) -> None:
-    """data as path, through a new file renamed over it: never written through a link planted there."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with open(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+def _write(base: Path, path: Path, data: bytes) -> None:
+    """data as path under base, through a new file renamed over it, in path's directory opened by
+    _open_dir: never written through a link planted there, nor into a directory swapped for one."""
+    tmp = f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
+    with _opened(base, path.parent) as d:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=d)
+        with open(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path.name, src_dir_fd=d, dst_dir_fd=d)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import make_cache_tree
 from tests.unit.test_shared_workspace import MODULE_DIR, _module, _pack, recipe
-from warmer import build, fetch, restore, verify, workspace
+from warmer import build, fetch, restore, verify, warmup, workspace
 from warmer.components import flashinfer
 from warmer.fingerprint import package_dir
 from warmer.store import open_store
@@ -96,6 +96,7 @@ def test_a_restored_trtllm_module_is_clean_and_its_start_adds_no_files(tmp_path,
     assert link.is_symlink() and not os.path.isabs(os.readlink(link))
     # verify's snapshot before and after FlashInfer's start: it keeps the link, no file appears through it.
     before = verify.snapshot(root)
+    assert not [p for p in before if f"{LINK}/" in p]  # the header is listed once, in the cubin dir
     _as_flashinfer_starts(root, got.env.vars)
     assert verify.delta(before, verify.snapshot(root)).recompiled == 0
     assert flashinfer.dry_run(root, SERVED, fi)["clean"] is True
@@ -223,3 +224,19 @@ def test_a_module_is_never_removed_outside_the_workspace_through_a_directory_a_p
     ws._clear(f"{MODULE_DIR}/cached_ops/{MODULE}")
     assert (outside / MODULE / "precious").exists()
     assert not (_swapped_for_a_link(export, outside) / MODULE).exists()  # removed where checked
+
+
+def test_verify_follows_the_roots_link_to_the_shared_workspace_and_no_link_in_it(tmp_path):
+    """The shared workspace is writable by every pod of the node; a link loop planted there (l1, l2, l3 -> .)
+    made verify's snapshot, and the census after each engine run, walk 3**40 paths: never ending. They follow
+    the root's flashinfer/ only (was, with one such link: the file listed 40 times, until ELOOP)."""
+    root = tmp_path / "cache" / "a"
+    top = tmp_path / "cache" / workspace.SHARED / "0123456789abcdef"
+    ops = top / workspace.WS / MODULE_DIR[len(workspace.PREFIX) :] / "cached_ops"
+    (ops / "m").mkdir(parents=True)
+    (ops / "m" / "m.so").write_bytes(b"x")
+    (ops / "loop").symlink_to(".")
+    root.mkdir()
+    (root / flashinfer.SUBDIR).symlink_to(workspace.target(top.name))
+    assert list(verify.snapshot(root)) == [f"{MODULE_DIR}/cached_ops/m/m.so"]
+    assert warmup._files(root) == [(f"{MODULE_DIR}/cached_ops/m/m.so", 1)]

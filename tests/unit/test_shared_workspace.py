@@ -6,13 +6,14 @@ first test builds its module for real with nvcc (sm_90a), the others use module-
 import os
 import shutil
 import sys
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import _tiny_doc, make_cache_tree, run_python
 from tests.fixtures import counted_nvcc
-from warmer import build, components, fetch, restore, workspace
+from warmer import archive, build, components, fetch, restore, workspace
 from warmer.components import flashinfer
 from warmer.fingerprint import package_dir
 from warmer.recipe import parse
@@ -362,3 +363,114 @@ def test_on_one_builder_the_second_recipes_warm_up_compiles_its_module_with_nvcc
     assert compiled["b"] == compiled["a"]
     assert arts["a"].path_contract.flashinfer.modules == arts["b"].path_contract.flashinfer.modules == ("silu_and_mul",)
     assert arts["a"].layer("flashinfer").sha256 != arts["b"].layer("flashinfer").sha256
+
+
+# -- a pod of the node (W is handed to --owner) swaps a directory of W for a link between a check and its use --
+
+
+def _pod_swaps(monkeypatch, call: str, name: str, d: Path, outside: Path) -> None:
+    """os.<call> wrapped: right before its first call on a path that holds name, d (checked already) is moved
+    aside and a link to outside put in its place, as a pod that renames in a loop would time it."""
+    real = getattr(os, call)
+
+    def pod_then_call(path, *args, **kwargs):
+        if name in str(path) and not d.is_symlink():
+            d.rename(d.with_name(d.name + ".aside"))
+            d.symlink_to(outside)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, call, pod_then_call)
+
+
+@pytest.mark.parametrize(
+    "call, swapped, name",
+    [
+        ("replace", "ws/.cache/flashinfer/autotune", "tune.json"),  # the unit's file moved in
+        ("unlink", "ws/.cache/flashinfer/autotune", "tune.json"),  # its old copy removed first (_clear)
+        ("open", f"ws/{MODULE_DIR[len(workspace.PREFIX) :]}/cached_ops/tmp", "silu_and_mul.lock"),  # FlashInfer's lock
+        ("open", "origins", ".json."),  # the origin's artifact.json, through its temporary file
+    ],
+    ids=["move", "remove", "lock", "origin"],
+)
+def test_a_root_restore_acts_on_nothing_outside_the_workspace_through_a_directory_a_pod_swaps_after_the_check(
+    tmp_path, monkeypatch, call, swapped, name
+):
+    """adopt runs as root; each file it moves in (its name and bytes the store's), removes, creates or writes
+    stays in W though a pod swaps the directory for a link to (say) /etc/cron.d after its check (was: the
+    file moved there, the pod's file of that name removed, the lock or origin made there; real races, renameat2
+    in a loop, won 18 to 44 times in 10 s: /tmp/review2-ws-races/)."""
+    base = tmp_path / "cache"
+    tune = {f"flashinfer/{flashinfer.CACHE}/autotune/tune.json": b"* * * * * root sh /tmp/x\n"}
+    art = _pack(base / "a", "a", {**_module("silu_and_mul", os.urandom(1000)), **tune}, tmp_path / "a.tar.zst")
+    ws = workspace.Workspace(Path(os.path.realpath(base / "a" / "flashinfer")).parent)
+    shutil.copytree(ws.path, tmp_path / "staged")
+    (ws.top / "units.json").unlink(missing_ok=True)  # no unit has an origin: each moves in again
+    (ws.top / swapped).mkdir(parents=True, exist_ok=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "tune.json").write_text("the pod's victim")
+    _pod_swaps(monkeypatch, call, name, ws.top / swapped, outside)
+    with suppress(archive.ArchiveError):  # refused when it meets the link later, or not: nothing outside either way
+        ws.adopt(tmp_path / "staged", art, None)
+    assert (ws.top / swapped).is_symlink()  # the pod did swap it
+    assert [p.name for p in outside.iterdir()] == ["tune.json"]
+    assert (outside / "tune.json").read_text() == "the pod's victim"
+
+
+def test_a_build_merges_nothing_back_outside_the_workspace_through_a_directory_a_pod_swaps_after_the_check(
+    tmp_path, monkeypatch
+):
+    """merge_back (a build, after its pack) moves what set_aside moved out back into W file by file; a pod
+    that swaps W's directory for a link after its check gets nothing moved there (was: the file moved out of W;
+    a real race won 328 times in 10 s)."""
+    ws = workspace.Workspace(tmp_path / "cache" / workspace.SHARED / "0123456789abcdef")
+    tune = ".cache/flashinfer/autotune"
+    (ws.path / tune).mkdir(parents=True)
+    (ws.path / tune / "built.json").write_text("{}")  # the build's
+    aside = ws.top / f"{workspace.ASIDE}0"
+    (aside / tune).mkdir(parents=True)
+    (aside / tune / "old.json").write_text("{}")  # what W held before the build
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _pod_swaps(monkeypatch, "replace", "old.json", ws.path / tune, outside)
+    ws.merge_back(aside)
+    assert list(outside.iterdir()) == []
+    assert (ws.path / f"{tune}.aside" / "old.json").exists() and not aside.exists()  # moved where checked
+
+
+def test_a_set_aside_copy_a_pod_planted_as_a_link_is_refused_not_merged_in(tmp_path):
+    """A build merges back what an interrupted build left beside W (ws.aside-*); one that is a link, which a
+    pod (top is handed to --owner) can plant, is refused, and nothing is taken from where it leads (was: every
+    file there, /etc/shadow say, moved into W, which every pod reads)."""
+    ws = workspace.Workspace(tmp_path / "cache" / workspace.SHARED / "0123456789abcdef")
+    ws.path.mkdir(parents=True)
+    secret = tmp_path / "etc"
+    secret.mkdir()
+    (secret / "shadow").write_text("root:$6$...\n")
+    (ws.top / f"{workspace.ASIDE}pod").symlink_to(secret)
+    with pytest.raises(archive.ArchiveError, match="is not a directory"):
+        ws.set_aside()
+    assert (secret / "shadow").exists() and list(ws.path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hands the workspace to --owner: needs root")
+def test_a_root_restore_hands_nothing_outside_the_workspace_to_the_owner_through_a_directory_a_pod_swaps(
+    node, tmp_path, monkeypatch
+):
+    """A restore as root hands W to --owner file by file; a pod that swaps a directory of W holding a file named
+    as its victim for a link to the victim's directory, between the walk and the hand-over, gets nothing outside
+    W (was: /etc/shadow, say, handed to the pod's uid: lchown follows a directory above the file; a real race,
+    renameat2 in a loop, won within 7 hand-overs)."""
+    store, base, a, b, _ = node
+    assert fetch.fetch(recipe("a"), store, base / "a", owner=(1000, 1000)).status == "hit"
+    pods = Path(os.path.realpath(base / "a" / "flashinfer")) / "pod"
+    pods.mkdir()
+    (pods / "shadow").write_text("the pod's")
+    outside = tmp_path / "etc"
+    outside.mkdir()
+    (outside / "shadow").write_text("root:$6$...\n")  # root's
+    for call in ("lchown", "chown"):
+        _pod_swaps(monkeypatch, call, "shadow", pods, outside)
+    fetch.fetch(recipe("b"), store, base / "b", owner=(1000, 1000))
+    assert pods.is_symlink()  # the pod did swap it
+    assert os.stat(outside / "shadow").st_uid == 0
