@@ -96,15 +96,18 @@ def recipes_for_node(
             bad.append((name, str(e)))
     # Two files of one name would fetch into one root, each round swapping one in for the other (and
     # repeat the name's metrics, which node_exporter refuses): neither is fetched, as `warmer matrix` refuses them.
+    # A bad file of a fetched one's name repeats it too: one outcome per name, whatever number of files.
     files: dict[str, list[str]] = {}
     for r in chosen:
         files.setdefault(r.name, []).append(str(r.source))
-    twice = {name: paths for name, paths in files.items() if len(paths) > 1}
-    bad += [
-        (name, f"{' and '.join(paths)} are all named {name!r}: recipe names must be unique")
-        for name, paths in twice.items()
-    ]
-    return [r for r in chosen if r.name not in twice], skipped, bad
+    why: dict[str, list[str]] = {}
+    for name, text in bad:
+        why.setdefault(name, []).append(text)
+    twice = {name: paths for name, paths in files.items() if len(paths) > 1 or name in why}
+    for name, paths in twice.items():
+        are = "are all" if len(paths) > 1 else "is"
+        why.setdefault(name, []).append(f"{' and '.join(paths)} {are} named {name!r}: recipe names must be unique")
+    return [r for r in chosen if r.name not in twice], skipped, [(name, "; ".join(t)) for name, t in why.items()]
 
 
 def fetch_all(

@@ -385,3 +385,13 @@ def test_a_build_that_fails_verify_is_one_json_document(tmp_path, monkeypatch, c
     assert doc["report"] == measured.to_json()
     cli.main(["build", str(recipe), "--store", f"file://{tmp_path / 's'}", "--root", str(tmp_path / "r")])
     assert "recipe tiny  key abababababababab" in capsys.readouterr().out  # a person still reads the report
+
+
+def test_help_shows_env_defaults_that_hold_a_percent_sign():
+    """argparse %-formats help texts: an env value with a % in it (an URL-escaped prefix) crashed
+    --help, where each env-backed flag shows its value now."""
+    env = {**os.environ, "WARMER_STORE": "s3://bucket/a%20b", "WARMER_ROOT": "/cache/%d", "WARMER_OWNER": "1000:%s"}
+    out = run_warmer("fetch", "--help", env=env)
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "now s3://bucket/a%20b" in text and "now /cache/%d" in text and "now 1000:%s" in text

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import run_warmer
 from tests.integration.test_node_bootstrap import SKUS  # a CPU SKU this x86_64 node is, and a GPU one
-from warmer import build, restore
+from warmer import build, fingerprint, fleet, restore
 from warmer.recipe import parse
 from warmer.store import open_store
 
@@ -87,3 +87,23 @@ def test_a_metrics_file_that_cannot_be_written_is_said_before_anything_is_fetche
         assert out.returncode == 2 and f"--metrics-file {missing}: " in out.stderr, out.stderr
     assert json.loads(every.stdout)["kind"] == "usage"
     assert not base.exists()  # nothing fetched
+
+
+def test_a_bad_file_of_a_fetched_recipes_name_gives_one_outcome_per_name(tmp_path):
+    """alpha.toml and alpha-old.toml both named alpha, the old one unusable here (a key this version
+    refuses): alpha was fetched and also bad-recipe, so the metrics held alpha's series twice and
+    node_exporter refused the whole file, every recipe's metrics with it. One outcome per name."""
+    if os.uname().machine != "x86_64":
+        pytest.skip("the catalogue's CPU SKU is x86_64")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "skus.toml").write_text(SKUS)
+    body = '[model]\npath = "/models/a"\n[engine]\nmax_num_seqs = 4\n[workload]\nprompt_lengths = [8]\n'
+    (tmp_path / "models" / "alpha.toml").write_text('name = "alpha"\ntargets = ["cpu-x86_64"]\n' + body)
+    (tmp_path / "models" / "alpha-old.toml").write_text('name = "alpha"\ntargets = ["cpu-x86_64"]\nold = 1\n' + body)
+    (tmp_path / "models" / "beta.toml").write_text('name = "beta"\ntargets = ["cpu-x86_64"]\n' + body)
+    chosen, _, bad = fleet.recipes_for_node(tmp_path, fingerprint.probe())
+    assert [r.name for r in chosen] == ["beta"] and [name for name, _ in bad] == ["alpha"]
+    assert "alpha-old.toml" in bad[0][1] and "alpha.toml is named 'alpha'" in bad[0][1]
+    outcomes = [fleet.Outcome(name, f"/cache/{name}", None, 0.0, bad_recipe=why) for name, why in bad]
+    series = [ln.split(" ")[0] for ln in fleet.metrics(outcomes).splitlines() if not ln.startswith("#")]
+    assert len(series) == len(set(series))

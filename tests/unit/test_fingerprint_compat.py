@@ -269,3 +269,25 @@ def test_two_dist_infos_of_a_package_give_every_node_the_same_version(tmp_path, 
     monkeypatch.syspath_prepend(str(first))
     assert fingerprint.installed_version("triton") == "3.9.0"
     assert fingerprint.installed_version("no-such-distribution") is None
+
+
+def test_flashinfers_contract_takes_the_version_the_fingerprint_takes(tmp_path, monkeypatch):
+    """Two dist-infos of flashinfer-python: the contract's version (in the shared workspace's key, and
+    compared by `verify`'s FlashInfer check) followed the zip's (the directory's) order, where the
+    fingerprint took the highest, so a node said FlashInfer would rebuild against a version it runs."""
+    from warmer.components import flashinfer
+
+    got = set()
+    for i, order in enumerate((("0.2.7", "0.2.8"), ("0.2.8", "0.2.7"))):
+        site = tmp_path / f"site{i}.zip"
+        with zipfile.ZipFile(site, "w") as z:  # a zip lists its members in the order written
+            for v in order:
+                z.writestr(f"flashinfer_python-{v}.dist-info/METADATA",
+                           f"Metadata-Version: 2.1\nName: flashinfer-python\nVersion: {v}\n")
+            z.writestr("flashinfer/__init__.py", "")
+        with monkeypatch.context() as m:
+            m.syspath_prepend(str(site))
+            fi = flashinfer.contract(tmp_path, {})
+            assert fi is not None and fi.version == fingerprint.installed_version("flashinfer-python")
+            got.add(fi.version)
+    assert got == {"0.2.8"}

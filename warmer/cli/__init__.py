@@ -94,7 +94,7 @@ def env_flag(name: str) -> bool:
 def env_now(name: str) -> str:
     """The ", now VALUE" of a flag's help when the env sets its default (README: --help shows each)."""
     value = os.environ.get(name)
-    return f", now {value}" if value else ""
+    return f", now {value}".replace("%", "%%") if value else ""  # argparse %-formats help texts
 
 
 def add_recipe(c: argparse.ArgumentParser) -> None:
@@ -111,7 +111,7 @@ def add_store(c: argparse.ArgumentParser, required: bool = True) -> None:
         metavar="URL",
         help="where artifacts live: file:///abs/dir, s3://bucket/prefix or oci://registry/repository "
         f"({'required: this or ' if required else ''}env WARMER_STORE"
-        f"{', now ' + default if default else ''})",
+        f"{env_now('WARMER_STORE')})",
     )
     c.set_defaults(needs_store=required)
     add_s3(c)
@@ -126,8 +126,7 @@ def add_root(
     c.add_argument(
         "--root",
         default=default,
-        help=f"{what} ({'required: this or ' if required else ''}env WARMER_ROOT"
-        f"{', now ' + default if default else ''})",
+        help=f"{what} ({'required: this or ' if required else ''}env WARMER_ROOT{env_now('WARMER_ROOT')})",
     )
     c.set_defaults(needs_root=required)
 
@@ -207,7 +206,7 @@ def add_deadline(c: argparse.ArgumentParser, default: float | None, what: str) -
         default=env or default,
         metavar="SECONDS",
         help=f"give up on the store after this long: {what} (env {api.DEADLINE_ENV}; default "
-        f"{'none' if default is None else f'{default:.0f}'}{', now ' + env if env else ''})",
+        f"{'none' if default is None else f'{default:.0f}'}{env_now(api.DEADLINE_ENV)})",
     )
 
 

@@ -24,13 +24,12 @@ import subprocess
 import sysconfig
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from warmer.components.base import Check, Component, Held
 from warmer.finding import WARNING, Finding
-from warmer.fingerprint import cuda_home, ninja_path_and_version, package_dir
+from warmer.fingerprint import cuda_home, installed_version, ninja_path_and_version, package_dir
 from warmer.untrusted import Fields, InvalidDocument
 
 if TYPE_CHECKING:
@@ -208,10 +207,8 @@ def contract(root: Path, env: dict) -> FlashInferContract | None:
         meta = Path(install, "_build_meta.py")
         m = re.search(r"__git_commit__\s*=\s*['\"]([0-9a-f]+)['\"]", meta.read_text()) if meta.exists() else None
         commit = m.group(1) if m else None
-    try:
-        version = metadata.version("flashinfer-python")
-    except metadata.PackageNotFoundError:
-        version = None
+    # as the fingerprint reads it: two dist-infos of one name give every node the same version
+    version = installed_version("flashinfer-python")
     return FlashInferContract(
         workspace_base=os.path.realpath(root / COMPONENT.subdir),
         version=version,
