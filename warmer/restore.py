@@ -28,7 +28,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -422,6 +422,18 @@ def check_owner(owner: tuple[int, int] | None) -> None:
         )
 
 
+def _chown_tree(top: Path, owner: tuple[int, int]) -> None:
+    """Hand top and everything under it to owner, each through its directory's fd (os.fwalk), no link
+    followed: lchown by path follows a directory above the file that a pod swaps for a link meanwhile
+    (the shared FlashInfer workspace is the pods'), and root would hand the pod's pick of a file of the
+    node (/etc/shadow) to it."""
+    os.chown(top, *owner, follow_symlinks=False)
+    for _, dirs, files, fd in os.fwalk(top):
+        for name in dirs + files:
+            with suppress(FileNotFoundError):  # gone meanwhile (a running FlashInfer's temporary file)
+                os.chown(name, *owner, dir_fd=fd, follow_symlinks=False)
+
+
 def _owned_otherwise(top: Path, owner: tuple[int, int]) -> bool:
     """Whether top or anything under it is not owner's (uid and gid); links are not followed."""
     paths = itertools.chain([str(top)], (os.path.join(d, n) for d, dirs, files in os.walk(top) for n in dirs + files))
@@ -598,14 +610,14 @@ def restore(
             ):
                 if owner and os.geteuid() == 0:
                     if os.lstat(root).st_uid != owner[0]:
-                        workspace.hand_over(root, owner)  # restored by root before: hand it over now
+                        _chown_tree(root, owner)  # restored by root before: hand it over now
                     shared = workspace.Workspace.of(art, root) if marker.holds_component("flashinfer") else None
                     # and its FlashInfer files, as a restore hands them over; only when one is not the
                     # owner's (an lstat each): a pod's start need not wait for the workspace's lock
                     if shared is not None and _owned_otherwise(shared.top, owner):
                         shared.real_dir(shared.path)
                         with locked(shared.top, lock_timeout, owner, deadline):
-                            workspace.hand_over(shared.top, owner)  # vLLM takes FlashInfer's module locks there
+                            _chown_tree(shared.top, owner)  # vLLM takes FlashInfer's module locks there
                 return RestoreResult("already-active", str(root), art.key, round(time.perf_counter() - t0, 3))
             if refuse_rollback and marker and _rolls_back(art, marker, root, trusted_keys):
                 raise Rollback(
@@ -654,7 +666,7 @@ def restore(
                 with open(staging / MARKER, "xb") as f:  # staging is ours alone until the swap: no temp file
                     f.writelines(done.pieces())
                 if owner and os.geteuid() == 0:
-                    workspace.hand_over(staging, owner)
+                    _chown_tree(staging, owner)
                 _activate(staging, root)
             finally:
                 # After a swap this holds the previous root; after a failure, the partial extraction.
@@ -942,7 +954,7 @@ def _into_workspace(
                 unit,
             )
         if owner and os.geteuid() == 0:
-            workspace.hand_over(shared.top, owner)  # vLLM writes there: FlashInfer's locks, its log, new modules
+            _chown_tree(shared.top, owner)  # vLLM writes there: FlashInfer's locks, its log, new modules
     if lost:
         raise archive.ArchiveError(f"the shared FlashInfer workspace {shared.path} lacks {lost[0]} after the restore")
     shutil.rmtree(staged, ignore_errors=True)

@@ -410,17 +410,6 @@ def _opened(base: Path, path: Path) -> Iterator[int]:
         os.close(fd)
 
 
-def hand_over(top: Path, owner: tuple[int, int]) -> None:
-    """top and everything under it handed to owner, each through its directory's fd (os.fwalk), no link
-    followed: lchown by path follows a directory above the file that a pod swaps for a link meanwhile (W is
-    the pods'), and root would hand the pod's pick of a file of the node (/etc/shadow) to it."""
-    os.chown(top, *owner, follow_symlinks=False)
-    for _, dirs, files, fd in os.fwalk(top):
-        for name in dirs + files:
-            with suppress(FileNotFoundError):  # gone meanwhile (a running FlashInfer's temporary file)
-                os.chown(name, *owner, dir_fd=fd, follow_symlinks=False)
-
-
 def _files(top: Path) -> Iterator[str]:
     """Every path under top that is not a directory, relative to it (links are not followed)."""
     for dirpath, _, filenames in os.walk(top):
