@@ -239,7 +239,7 @@ class Workspace:
                 self._clear(unit)
                 for e in wanted[unit]:
                     rel = Path(e.path[len(PREFIX) :])
-                    with _opened(self.top.parent, (self.path / rel).parent) as fd:  # no link followed (_open_dir)
+                    with _opened(self.top.parent, (self.path / rel).parent) as fd:  # no link followed (_opened)
                         os.replace(staged / rel, rel.name, dst_dir_fd=fd)
             records[unit] = art.id
         self._write_records(records)
@@ -320,7 +320,7 @@ class Workspace:
         """What set_aside moved out, back into W unit by unit: a unit the build made again stays the
         build's and loses its record (its origin lists the set-aside bytes); the others move back."""
         made = {unit_of(PREFIX + rel) for rel in _files(self.path)}
-        # Both ends through fds, no link followed (fwalk, _open_dir): aside and W are writable by every pod of
+        # Both ends through fds, no link followed (fwalk, _opened): aside and W are writable by every pod of
         # the node, and a directory of either swapped for a link would move files from or to anywhere.
         with _opened(self.top.parent, aside) as top:
             for dirpath, _, filenames, src in os.fwalk(".", dir_fd=top):
@@ -342,7 +342,7 @@ def make_links(ws: Path, contract: flashinfer.FlashInferContract | None, base: P
     the headers FlashInfer links in as new files. Each is relative, to its target in ws's cubin dir
     (FlashInfer keeps a link that resolves to its target); a path that holds anything already is left
     as it is (FlashInfer replaces a stale one itself). Its directories are made from base down, each
-    a real directory (_real_dir)."""
+    a real directory (_opened)."""
     if contract is None:
         return
     cache = ws / flashinfer.CACHE
@@ -370,11 +370,13 @@ def _real_dir(base: Path, path: Path) -> Path:
     return path
 
 
-def _open_dir(base: Path, path: Path) -> int:
+@contextmanager
+def _opened(base: Path, path: Path) -> Iterator[int]:
     """An fd of path under base, made a directory one level at a time from base down, each level
-    opened through the one above without following a link (O_NOFOLLOW): unlike _real_dir's path,
-    what is done through it stays in that directory when a pod (W is writable by every pod of the
-    node) swaps one of its levels for a link after the check. ArchiveError if one is not a directory."""
+    opened through the one above without following a link (O_NOFOLLOW), closed after: unlike
+    _real_dir's path, what is done through it stays in that directory when a pod (W is writable by
+    every pod of the node) swaps one of its levels for a link after the check. ArchiveError if one
+    is not a directory."""
     fd = os.open(_real_dir(base, base), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         for i, part in enumerate(path.relative_to(base).parts):
@@ -394,17 +396,6 @@ def _open_dir(base: Path, path: Path) -> int:
                 ) from None
             os.close(fd)
             fd = below
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-@contextmanager
-def _opened(base: Path, path: Path) -> Iterator[int]:
-    """_open_dir(base, path), closed after."""
-    fd = _open_dir(base, path)
-    try:
         yield fd
     finally:
         os.close(fd)
@@ -419,7 +410,7 @@ def _files(top: Path) -> Iterator[str]:
 
 def _write(base: Path, path: Path, data: bytes) -> None:
     """data as path under base, through a new file renamed over it, in path's directory opened by
-    _open_dir: never written through a link planted there, nor into a directory swapped for one."""
+    _opened: never written through a link planted there, nor into a directory swapped for one."""
     tmp = f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
     with _opened(base, path.parent) as d:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=d)
