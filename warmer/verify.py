@@ -130,13 +130,13 @@ def verify(
 ) -> VerifyResult:
     """Run the engine on root once more and judge the hit; cold: the build's timings, if known.
     said_as: what the progress lines call this (build says "build: verify"). The engine gets the env
-    the active artifact is served with (its serve_env: AOT off where the build turned it off), as
-    fetch and serve give it, and extra_env on top."""
+    the active artifact is served with (its serve_env: AOT off where the build turned it off; what
+    each component needs for what it holds), as fetch and serve give it, and extra_env on top."""
     warmup.require_model(recipe)
     marker = restore.active(root)
     held = marker.components if marker else None
-    if marker and (held is None or "vllm" in held):
-        extra_env = {**marker.artifact.serve_env, **(extra_env or {})}
+    if marker:
+        extra_env = {**serving.artifact_env(recipe, root, marker.artifact, components=held).vars, **(extra_env or {})}
     before = snapshot(root)  # ninja's dry run (-n) below writes nothing
     env = serving.environ_for_vllm(recipe, root)
     restored = marker.artifact.path_contract.flashinfer if marker and (held is None or "flashinfer" in held) else None

@@ -247,7 +247,9 @@ def test_root_restores_uid_1000_serves_warm_with_the_handover_cold_without(tmp_p
     home = tmp_path / "home"
     home.mkdir()
     os.chown(home, SERVING, SERVING)
-    as_pod = {"HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1"}
+    # A pod's env: no USER or LOGNAME (torch then names the user by passwd, not as root, the builder),
+    # so the restored precompiled header is found only through the name the serve env gives.
+    as_pod = {"HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1", "USER": "", "LOGNAME": ""}
 
     def restore_as_root(root, *extra):
         warmer("restore", tiny_build["built"]["artifact"], "--root", root, *extra, model=tiny_model)

@@ -246,7 +246,9 @@ def test_a_second_build_on_the_same_root_is_refused_while_the_first_runs(tmp_pat
 
 def test_verify_starts_the_engine_with_the_env_the_artifact_is_served_with(tmp_path, engine, model):
     """A build that turned AOT off publishes that in serve_env; fetch and serve pass it on, and so
-    must `warmer verify` on a node: with vLLM 0.32's default (AOT on) that start would compile."""
+    must `warmer verify` on a node: with vLLM 0.32's default (AOT on) that start would compile. So
+    too what a component needs for what the artifact holds: the builder's user name, under which
+    torch finds the precompiled header (tmp/torchinductor_root)."""
     from warmer import api
 
     src, art = tmp_path / "src", tmp_path / "a.tar.zst"
@@ -255,5 +257,7 @@ def test_verify_starts_the_engine_with_the_env_the_artifact_is_served_with(tmp_p
     root = tmp_path / "root"
     restore.restore_file(art, root)
     report = api.verify(tiny_recipe(str(model)), root, workdir=tmp_path / "w")
-    assert engine == ["verify"] and engine.envs == [{build.AOT_ENV: "0"}]
+    [env] = engine.envs
+    assert engine == ["verify"] and env[build.AOT_ENV] == "0" and env["LOGNAME"] == "root"
+    assert env["TMPDIR"] == str(root / "tmp")
     assert report.verdict == "hit"

@@ -113,3 +113,37 @@ def test_doctor_as_a_real_unnamed_uid():
     assert "Traceback" not in out.stderr and out.returncode in (0, 5), out.stderr
     paths = {r["var"]: r["path"] for r in json.loads(out.stdout)["locations"]}
     assert paths["TORCHINDUCTOR_CACHE_DIR"] == f"/tmp/torchinductor_uid_{uid}"
+
+
+# torch's precompiled header as the real torch looks for it, in a child process given env.
+HEADER_DIR = "from torch._inductor import codecache; print(codecache._HEADER_DIR)"
+
+
+def test_a_pod_serving_as_another_user_finds_the_builders_precompiled_header(tmp_path, unnamed):
+    """Built as root (a CI job), served as a pod's unnamed uid: torch looks for its precompiled
+    header under $TMPDIR/torchinductor_<user name>, so without the builder's name every start
+    rebuilt it (149 MB, ~8 s on the tiny recipe). The env a node serves with names the builder."""
+    from tests.conftest import run_python
+    from warmer import restore, serving
+
+    built = tmp_path / "built"
+    make_cache_tree(built)  # its header: tmp/torchinductor_root/precompiled_headers/
+    art_file = tmp_path / "tiny.tar.zst"
+    art = build.pack_root(built, tiny_recipe(), art_file)
+    node = tmp_path / "node"
+    restore.restore(art, lambda: open(art_file, "rb"), node)
+    env = dict(serving.artifact_env(tiny_recipe(), node, art).vars)
+    assert env["LOGNAME"] == "root" and env["TMPDIR"] == str(node / "tmp")
+
+    # The real torch, as this unnamed uid with another USER besides, looks where the header is.
+    child = {k: v for k, v in os.environ.items() if k not in USER_VARS}
+    out = run_python("-c", HEADER_DIR, env={**child, "USER": "uid_1000", **env})
+    assert Path(out.stdout.split()[-1]) == node / "tmp" / "torchinductor_root" / "precompiled_headers"
+    assert (node / "tmp" / "torchinductor_root" / "precompiled_headers" / "cipcx.h.gch").is_file()
+
+    # A partial hit without the headers' layer, and an artifact without headers, name no one.
+    partial = serving.artifact_env(tiny_recipe(), node, art, components=("vllm", "inductor"))
+    assert "LOGNAME" not in partial.vars
+    shutil.rmtree(built / "tmp")
+    bare = build.pack_root(built, tiny_recipe(), tmp_path / "bare.tar.zst")
+    assert "LOGNAME" not in serving.artifact_env(tiny_recipe(), node, bare).vars

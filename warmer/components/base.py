@@ -8,7 +8,7 @@ import fnmatch
 import functools
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -23,6 +23,8 @@ class Held(Protocol):
     """What an artifact holds, as a component's hooks ask it (warmer.archive.FileList)."""
 
     def any_under(self, prefix: str) -> bool: ...
+
+    def sizes(self) -> Iterator[tuple[str, int]]: ...
 
 
 @dataclass(frozen=True)
