@@ -387,6 +387,27 @@ def test_a_build_that_fails_verify_is_one_json_document(tmp_path, monkeypatch, c
     assert "recipe tiny  key abababababababab" in capsys.readouterr().out  # a person still reads the report
 
 
+def test_a_bug_under_json_is_still_one_json_document_and_its_traceback(tmp_path, monkeypatch, capsys):
+    """A script reading `--json` gets an object naming the failure even when warmer itself fails
+    (a bug: here an exception no command expects, standing in for one); the traceback goes to stderr,
+    and without --json it is Python's as ever."""
+    from warmer import api, cli
+
+    def broken(*args, **kw):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(api, "ls", broken)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # main's SIGTERM handler stays out of pytest
+    code = cli.main(["ls", "--store", f"file://{tmp_path}", "--json"])
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert code == doc["exit_code"] == 1 and doc["kind"] == "internal"
+    assert doc["error"] == "unexpected ZeroDivisionError: division by zero (a bug in warmer)"
+    assert "Traceback" in out.err and "in broken" in out.err
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["ls", "--store", f"file://{tmp_path}"])
+
+
 def test_help_shows_env_defaults_that_hold_a_percent_sign():
     """argparse %-formats help texts: an env value with a % in it (an URL-escaped prefix) crashed
     --help, where each env-backed flag shows its value now."""

@@ -149,6 +149,10 @@ def test_cli_github_format_is_one_line_for_github_output():
     assert all(Path(REPO, e["recipe"]).is_file() for e in doc["include"])  # paths relative to the checkout
     only = json.loads(run_warmer("matrix", "manifests/", "--format", "json", "--sku", "rtx-5090").stdout)
     assert [e["sku"] for e in only] == ["rtx-5090"]
+    # The skipped recipes (the GPU acceptance ones, without targets) are said, but not under --quiet.
+    assert "warmer: matrix: skipped " in out.stderr
+    quiet = run_warmer("-q", "matrix", "manifests/")
+    assert quiet.returncode == 0 and quiet.stderr == "" and quiet.stdout == out.stdout
 
 
 def test_cli_unknown_sku_fails_with_the_message(tmp_path):

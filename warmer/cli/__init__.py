@@ -24,6 +24,7 @@ import re
 import select
 import signal
 import sys
+import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import FrameType, ModuleType
@@ -441,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(
             args, f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""), "os-error", errors.EXIT_ERROR
         )
+    except Exception as e:  # a bug in warmer: its traceback, and with --json still one JSON document
+        if not out.json:
+            raise
+        traceback.print_exc()
+        return _fail(args, f"unexpected {type(e).__name__}: {e} (a bug in warmer)", "internal", errors.EXIT_ERROR)
 
 
 def run() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from warmer import api
 from warmer.cli import Output
@@ -34,7 +33,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out: Output) -> int:
     entries, skipped = api.matrix(args.paths, skus=args.skus, only=args.sku, root_base=args.root_base)
     for s in skipped:
-        print(f"warmer: matrix: skipped {s}", file=sys.stderr)
+        out.say(f"warmer: matrix: skipped {s}")
     if args.format == "json" or out.json:
         print(json.dumps(entries, indent=1))
     else:
