@@ -459,7 +459,8 @@ def unwritable(root: Path, owner: tuple[int, int] | None = None, dirs: list[Path
         if not stat.S_ISDIR(st.st_mode):
             return f"{d} is not a directory"
         if owner is None or owner[0] == os.geteuid():
-            ok = os.access(d, os.W_OK | os.X_OK)  # this user: its groups and ACLs count too
+            # this user as vLLM's writes will be judged: its effective ids, groups, ACLs and capabilities
+            ok = os.access(d, os.W_OK | os.X_OK, effective_ids=True)
         else:
             uid, gid = owner
             mode = st.st_mode
@@ -1084,7 +1085,7 @@ def restore_file(
             signing.verify(art.canonical, signature, list(trusted_keys))
     except (archive.ArchiveError, ArtifactError, signing.SignatureError) as e:
         raise RestoreError(f"not activated: {path}: {e}") from e
-    return restore(
+    result = restore(
         art,
         lambda: open(path, "rb"),
         root,
@@ -1096,3 +1097,8 @@ def restore_file(
         owner=owner,
         progress=progress,
     )
+    # As fetch readies a root (activate): every cache directory made, and handed to owner. An
+    # artifact holds none that is empty (FlashInfer's autotune dir on CPU), and `warmer serve` sends
+    # vLLM to a cold directory of its own when one is missing: a baked image would start cold.
+    prepare(root, owner)
+    return result

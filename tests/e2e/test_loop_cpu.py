@@ -256,18 +256,20 @@ def test_root_restores_uid_1000_serves_warm_with_the_handover_cold_without(tmp_p
 
     handed = tmp_path / "cache-handed" / "tiny-llama-cpu"
     restore_as_root(handed, "--owner", f"{SERVING}:{SERVING}")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WARMER_TINY_MODEL", str(tiny_model))
+        cold_root = restore.cold_root(recipes.load(TINY).name, SERVING)
+    shutil.rmtree(cold_root, ignore_errors=True)
     warm = served(TINY, handed, None, tiny_model, tmp_path, extra_env=as_pod, label="serve-handed",
                   as_user=AS_SERVING)
     assert "PermissionError" not in warm["text"]
+    # Served from the handed root itself, not sent to a cold one (where nothing here would see it compile).
+    assert "is not writable by this user" not in warm["text"] and not cold_root.exists(), warm["text"][-3000:]
     assert warm["files"]["recompiled_files"] == 0, warm["files"]
     assert not [e for e in warmup.RECOMPILE_EVENTS if warm["log"]["events"][e]], warm["log"]
 
     kept = tmp_path / "cache-root" / "tiny-llama-cpu"  # restored by root, no handover: root-owned
     restore_as_root(kept)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WARMER_TINY_MODEL", str(tiny_model))
-        cold_root = restore.cold_root(recipes.load(TINY).name, SERVING)
-    shutil.rmtree(cold_root, ignore_errors=True)
     try:
         cold = served(TINY, kept, None, tiny_model, tmp_path, extra_env=as_pod, label="serve-root-owned",
                       as_user=AS_SERVING)

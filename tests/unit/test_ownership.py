@@ -119,6 +119,39 @@ def test_owner_hands_the_restored_root_to_the_serving_user(node):
     assert '"check": "ownership"' not in doctor.stdout
 
 
+def test_the_serving_users_capabilities_count_as_they_will_for_vllms_writes(node):
+    """A handed-over root under a directory that only root may search (0700): uid 1000 reaches it
+    through CAP_DAC_READ_SEARCH, as vLLM's own writes there will. serve must hand it to vLLM, not
+    send vLLM cold: access(2) judged with the real uid drops a non-root user's capabilities, and
+    said "not writable" of a root vLLM could write."""
+    hidden = node["base"] / "hidden"
+    hidden.mkdir(parents=True)
+    hidden.chmod(0o700)  # root's
+    root = hidden / "tiny"
+    out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--owner",
+                 f"{SERVING}:{SERVING}", "--require")
+    assert out.returncode == 0, out.stderr
+    served = warmer("serve", node["recipe"], "--root", root, "--dry-run", "--require-hit", uid=SERVING,
+                    home=node["home"])
+    assert served.returncode == 0, served.stderr
+    assert env_of(served)["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
+
+
+def test_restore_of_a_file_hands_over_a_root_the_serving_user_is_served_from(node, packed):
+    """The image build's `warmer restore FILE --owner` (manifests/docker/Dockerfile, baked-from-file):
+    the cache directories no artifact holds (an empty FlashInfer autotune dir) are made and handed
+    over as fetch makes them, or `warmer serve` in the pod found one missing and started vLLM cold."""
+    root = node["base"] / "tiny"
+    out = warmer("restore", packed("a").path, "--root", root, "--owner", f"{SERVING}:{SERVING}")
+    assert out.returncode == 0, out.stderr
+    assert restore.unwritable(root, (SERVING, SERVING)) is None
+    assert {os.lstat(p).st_uid for p in [root, *root.rglob("*")]} == {SERVING}
+    served = warmer("serve", node["recipe"], "--root", root, "--dry-run", "--require-hit", uid=SERVING,
+                    home=node["home"])
+    assert served.returncode == 0, served.stderr
+    assert env_of(served)["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
+
+
 def test_a_fetch_that_cannot_write_its_root_points_vllm_elsewhere(node):
     """The issue's case: uid 1000 fetches under a directory kubelet made root-owned (hostPath
     DirectoryOrCreate). The pod must start (cold), never crash on PermissionError."""
