@@ -141,9 +141,15 @@ def test_a_pod_serving_as_another_user_finds_the_builders_precompiled_header(tmp
     assert Path(out.stdout.split()[-1]) == node / "tmp" / "torchinductor_root" / "precompiled_headers"
     assert (node / "tmp" / "torchinductor_root" / "precompiled_headers" / "cipcx.h.gch").is_file()
 
-    # A partial hit without the headers' layer, and an artifact without headers, name no one.
+    # A partial hit without the headers' layer, an artifact without headers, and one whose header
+    # dir names no plain user (its file list is the store's word: the env file must stay plain) name no one.
     partial = serving.artifact_env(tiny_recipe(), node, art, components=("vllm", "inductor"))
     assert "LOGNAME" not in partial.vars
     shutil.rmtree(built / "tmp")
     bare = build.pack_root(built, tiny_recipe(), tmp_path / "bare.tar.zst")
     assert "LOGNAME" not in serving.artifact_env(tiny_recipe(), node, bare).vars
+    odd = built / "tmp" / "torchinductor_a'$(id)" / "precompiled_headers" / "c.h.gch"
+    odd.parent.mkdir(parents=True)
+    odd.write_bytes(b"\0")
+    hostile = build.pack_root(built, tiny_recipe(), tmp_path / "odd.tar.zst")
+    assert "LOGNAME" not in serving.artifact_env(tiny_recipe(), node, hostile).vars

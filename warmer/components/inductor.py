@@ -11,8 +11,9 @@ from pathlib import Path
 
 from warmer.components.base import Component, Held
 
-# The user name is torch's (runtime/cache_dir_utils.py default_cache_dir: getpass.getuser()).
-_HEADER = re.compile(r"tmp/torchinductor_([^/]+)/precompiled_headers/.+")
+# The user name is torch's (runtime/cache_dir_utils.py default_cache_dir: getpass.getuser()). Only a
+# plain one becomes LOGNAME: it comes from the artifact's file list, and goes into the env file.
+_HEADER = re.compile(r"tmp/torchinductor_([A-Za-z0-9_.@+-]{1,64})/precompiled_headers/.+")
 
 
 class PrecompiledHeaders(Component):
