@@ -19,7 +19,7 @@ _HEADER = re.compile(r"tmp/torchinductor_([A-Za-z0-9_.@+-]{1,64})/precompiled_he
 class PrecompiledHeaders(Component):
     """torch looks for the header under the serving user's name: a pod serving as another name than
     the builder's (uid_1000 against CI's root or runner) rebuilds it on every start, ~8 s and 149 MB
-    (measured on the tiny recipe: graph load 10.1 s against 1.6 s)."""
+    (measured on the tiny recipe: graph load 10.1 s against 1.7 s)."""
 
     def serve_env(self, held: Held, root: Path) -> dict[str, str]:
         """The builder's name as LOGNAME, which getpass.getuser() reads first: torch then finds the
