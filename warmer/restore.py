@@ -449,7 +449,9 @@ def _writes_into(root: Path) -> list[Path]:
 def unwritable(root: Path, owner: tuple[int, int] | None = None, dirs: list[Path] | None = None) -> str | None:
     """Why the serving user (owner's uid, or this process) cannot write what vLLM writes into root
     (dirs: _writes_into(root), when the caller has them); None when it can."""
-    for d in dirs or _writes_into(root):
+    dirs = dirs or _writes_into(root)
+    other = owner if owner is not None and owner[0] != os.geteuid() else None
+    for d in dirs:
         try:
             st = os.stat(d)
         except FileNotFoundError:
@@ -458,21 +460,30 @@ def unwritable(root: Path, owner: tuple[int, int] | None = None, dirs: list[Path
             return f"{d}: {e.strerror}"
         if not stat.S_ISDIR(st.st_mode):
             return f"{d} is not a directory"
-        if owner is None or owner[0] == os.geteuid():
+        if other is None:
             # this user as vLLM's writes will be judged: its effective ids, groups, ACLs and capabilities
             ok = os.access(d, os.W_OK | os.X_OK, effective_ids=True)
         else:
-            uid, gid = owner
-            mode = st.st_mode
-            ok = (
-                uid == 0
-                or (st.st_uid == uid and mode & 0o300 == 0o300)
-                or (st.st_gid == gid and mode & 0o030 == 0o030)
-                or mode & 0o003 == 0o003
-            )
+            ok = _may(other, st, 0o3)
         if not ok:
             return f"{d} is owned by {st.st_uid}:{st.st_gid} with mode {stat.filemode(st.st_mode)}"
+    if other is not None:  # and the way there: each directory above, searched (the kernel checks it too)
+        for p in sorted({p for d in dirs for p in d.parents}.difference(dirs)):
+            st = os.stat(p)
+            if not _may(other, st, 0o1):
+                return (
+                    f"{p} (above it) is owned by {st.st_uid}:{st.st_gid} with mode {stat.filemode(st.st_mode)}: "
+                    f"uid {other[0]} cannot get through it"
+                )
     return None
+
+
+def _may(owner: tuple[int, int], st: os.stat_result, bits: int) -> bool:
+    """Whether owner (uid, gid), without capabilities, has bits (1 search, 2 write, 4 read) on a
+    file, as the kernel decides from its mode: the owner's class, else the group's, else others'."""
+    uid, gid = owner
+    shift = 6 if st.st_uid == uid else 3 if st.st_gid == gid else 0
+    return uid == 0 or (st.st_mode >> shift) & bits == bits
 
 
 def ownership_fix(root: Path, uid: int) -> str:

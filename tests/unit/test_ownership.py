@@ -119,18 +119,26 @@ def test_owner_hands_the_restored_root_to_the_serving_user(node):
     assert '"check": "ownership"' not in doctor.stdout
 
 
-def test_the_serving_users_capabilities_count_as_they_will_for_vllms_writes(node):
-    """A handed-over root under a directory that only root may search (0700): uid 1000 reaches it
-    through CAP_DAC_READ_SEARCH, as vLLM's own writes there will. serve must hand it to vLLM, not
-    send vLLM cold: access(2) judged with the real uid drops a non-root user's capabilities, and
-    said "not writable" of a root vLLM could write."""
+def test_a_root_the_serving_user_cannot_get_to_is_not_handed_over_and_its_capabilities_count(node):
+    """A root handed to uid 1000 under a directory only root may search (0700). fetch, judging a pod
+    without capabilities, must not point vLLM there (it would crash on its lock files): the root is
+    handed over, but the env sends vLLM to a cold directory, and --require says it is no hit. A
+    serving process that does reach it (here through CAP_DAC_READ_SEARCH) judges itself as vLLM's
+    own writes will be judged, effective ids and capabilities: `warmer serve` then serves from it
+    (access(2) with the real uid drops a non-root user's capabilities, and sent it cold)."""
     hidden = node["base"] / "hidden"
     hidden.mkdir(parents=True)
     hidden.chmod(0o700)  # root's
-    root = hidden / "tiny"
+    root, env_file = hidden / "tiny", node["home"] / "vllm.env"
     out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--owner",
-                 f"{SERVING}:{SERVING}", "--require")
-    assert out.returncode == 0, out.stderr
+                 f"{SERVING}:{SERVING}", "--env-file", env_file, "--require")
+    assert out.returncode == 3, out.stderr
+    assert f"{root} is not writable by uid {SERVING}" in out.stderr
+    assert f"{hidden} (above it) is owned by 0:0 with mode drwx------: uid {SERVING} cannot get through it" in out.stderr
+    written = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+    assert not [v for v in written.values() if v.startswith(str(root))]
+    assert {os.lstat(p).st_uid for p in [root, *root.rglob("*")]} == {SERVING}  # handed over all the same
+
     served = warmer("serve", node["recipe"], "--root", root, "--dry-run", "--require-hit", uid=SERVING,
                     home=node["home"])
     assert served.returncode == 0, served.stderr
@@ -150,6 +158,19 @@ def test_restore_of_a_file_hands_over_a_root_the_serving_user_is_served_from(nod
                     home=node["home"])
     assert served.returncode == 0, served.stderr
     assert env_of(served)["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
+
+
+def test_the_owners_class_of_the_mode_decides_for_the_owner_as_the_kernel_does(shared):
+    """Owner bits r-x, others' rwx: the kernel takes the owner's class alone, so uid 1000 may not
+    write its own directory (root, judging for it, once said it could, from the others' bits)."""
+    d = shared / "d"
+    d.mkdir()
+    os.chown(d, SERVING, SERVING)
+    d.chmod(0o577)
+    assert restore.unwritable(d, (SERVING, SERVING), [d]) == f"{d} is owned by 1000:1000 with mode dr-xrwxrwx"
+    assert python("-c", f"import os; print(os.access({str(d)!r}, os.W_OK))", uid=SERVING, home=shared).stdout == "False\n"
+    d.chmod(0o755)
+    assert restore.unwritable(d, (SERVING, SERVING), [d]) is None
 
 
 def test_a_fetch_that_cannot_write_its_root_points_vllm_elsewhere(node):
