@@ -473,7 +473,7 @@ def unwritable(root: Path, owner: tuple[int, int] | None = None, dirs: list[Path
             if not _may(other, st, 0o1):
                 return (
                     f"{p} (above it) is owned by {st.st_uid}:{st.st_gid} with mode {stat.filemode(st.st_mode)}: "
-                    f"uid {other[0]} cannot get through it"
+                    f"uid {other[0]} cannot get through it (`chmod o+x {p}`, or a root the serving user can reach)"
                 )
     return None
 

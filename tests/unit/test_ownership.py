@@ -134,7 +134,8 @@ def test_a_root_the_serving_user_cannot_get_to_is_not_handed_over_and_its_capabi
                  f"{SERVING}:{SERVING}", "--env-file", env_file, "--require")
     assert out.returncode == 3, out.stderr
     assert f"{root} is not writable by uid {SERVING}" in out.stderr
-    assert f"{hidden} (above it) is owned by 0:0 with mode drwx------: uid {SERVING} cannot get through it" in out.stderr
+    assert (f"{hidden} (above it) is owned by 0:0 with mode drwx------: uid {SERVING} cannot get through it "
+            f"(`chmod o+x {hidden}`, or a root the serving user can reach)") in out.stderr
     written = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
     assert not [v for v in written.values() if v.startswith(str(root))]
     assert {os.lstat(p).st_uid for p in [root, *root.rglob("*")]} == {SERVING}  # handed over all the same
