@@ -218,6 +218,10 @@ def plan(
     marker = restore.active(root)
     warnings = []
     problem = restore.unwritable(root)
+    if problem is not None and marker is not None and os.access(root, os.W_OK | os.X_OK, effective_ids=True):
+        # A cache directory missing from an active root this user may write (readied by an older
+        # warmer, before a cache of the newer one's existed): made here, as vLLM would make it.
+        problem = restore.prepare(root)
     given = dict(env_file.vars) if env_file is not None else {}
     if problem is not None:  # vLLM writes lock files into the root even on a full hit: it would crash
         cold = restore.cold_root(recipe.name, os.geteuid())

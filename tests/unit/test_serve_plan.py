@@ -159,3 +159,19 @@ def test_a_root_that_does_not_exist_is_no_warmed_cache_not_an_ownership_problem(
     cold = restore.cold_root("tiny", os.geteuid())
     assert json.loads(out.stdout)["env"]["VLLM_CACHE_ROOT"] == str(tmp_path / cold.name / "vllm")
     assert not root.exists()
+
+
+def test_an_active_root_missing_a_cache_directory_of_this_warmer_is_served_not_sent_cold(tmp_path, packed):
+    """A root readied by an older warmer lacks the directory of a cache this one knows (the prefetch
+    DaemonSet's image not updated yet, the pod's is): serve, as a user that may write the root, makes
+    it as vLLM would and serves from the root. It said "not writable" and started vLLM cold elsewhere."""
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    root = tmp_path / "root"
+    restore.restore_file(packed("a").path, root)
+    newer = root / "flashinfer" / ".cache" / "flashinfer" / "autotune"  # standing in for a newer cache's
+    newer.rmdir()
+    out = run_warmer("serve", recipe, "--root", root, "--dry-run", "--require-hit", "--json",
+                     env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["env"]["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
+    assert newer.is_dir() and "not writable" not in out.stderr
