@@ -174,6 +174,21 @@ def test_the_owners_class_of_the_mode_decides_for_the_owner_as_the_kernel_does(s
     assert restore.unwritable(d, (SERVING, SERVING), [d]) is None
 
 
+def test_a_metrics_file_the_fetching_user_can_write_is_taken(node):
+    """The node_exporter directory reached through a capability (here CAP_DAC_READ_SEARCH, past a
+    0700 directory of root's): fetch's check before the fetch judges as the write will, and the
+    metrics are written; it refused the pod's fetch as a usage error (exit 2)."""
+    metrics = node["base"] / "hidden" / "metrics"
+    metrics.mkdir(parents=True)
+    metrics.parent.chmod(0o700)  # root's
+    os.chown(metrics, SERVING, SERVING)
+    node["base"].chmod(0o777)  # uid 1000 makes its root beside it
+    out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", node["base"] / "tiny",
+                 "--metrics-file", metrics / "warmer.prom", uid=SERVING, home=node["home"])
+    assert out.returncode == 0, out.stderr
+    assert 'warmer_fetch_status{recipe="tiny",status="hit"} 1' in (metrics / "warmer.prom").read_text()
+
+
 def test_a_fetch_that_cannot_write_its_root_points_vllm_elsewhere(node):
     """The issue's case: uid 1000 fetches under a directory kubelet made root-owned (hostPath
     DirectoryOrCreate). The pod must start (cold), never crash on PermissionError."""

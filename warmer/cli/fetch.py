@@ -192,7 +192,8 @@ def check_metrics_file(path: str) -> None:
     """A --metrics-file that cannot be written is the operator's to fix, said before anything is
     fetched: found after the fetch, it would fail the pod that the fetch had just warmed."""
     where = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(where) or not os.access(where, os.W_OK | os.X_OK):
+    # as the write will be judged: effective ids and capabilities
+    if os.path.isdir(path) or not os.path.isdir(where) or not os.access(where, os.W_OK | os.X_OK, effective_ids=True):
         raise errors.UsageError(
             f"--metrics-file {path}: {where} is not a directory this user can write: give a file in "
             "node_exporter's textfile-collector directory, mounted into the pod"
