@@ -218,7 +218,7 @@ def plan(
     marker = restore.active(root)
     warnings = []
     problem = restore.unwritable(root)
-    if problem is not None and marker is not None and os.access(root, os.W_OK | os.X_OK, effective_ids=True):
+    if problem is not None and marker is not None and restore.unwritable(root, dirs=[root]) is None:
         # A cache directory missing from an active root this user may write (readied by an older
         # warmer, before a cache of the newer one's existed): made here, as vLLM would make it.
         problem = restore.prepare(root)
