@@ -411,6 +411,19 @@ def _ownership(root: Path, owner: tuple[int, int] | None) -> list[Finding]:
     if problem is None:
         return []
     uid, gid = owner or (os.geteuid(), os.getegid())
+    if restore.active(root) is not None and restore.unwritable(root, owner, creatable=True) is None:
+        return [  # what serve makes before vLLM starts (serving.plan), and fetch whenever it runs
+            Finding(
+                WARNING,
+                "ownership",
+                str(root),
+                f"{problem}: `warmer serve` makes it before vLLM starts (uid {uid} may); vLLM started another "
+                "way makes its cache directories, but a TMPDIR that does not exist is replaced by /tmp, "
+                "where Inductor's precompiled headers are not kept",
+                "run `warmer fetch` again (it makes every cache directory of the root), or start vLLM with "
+                "`warmer serve`",
+            )
+        ]
     return [
         Finding(
             ERROR,
@@ -463,7 +476,7 @@ def _can_write(path: str) -> bool:
     p = Path(path)
     while not p.exists() and p != p.parent:
         p = p.parent
-    return os.access(p, os.W_OK)
+    return os.access(p, os.W_OK, effective_ids=True)  # as the writes will be judged (restore.unwritable)
 
 
 def read_process_env(pid: int) -> dict[str, str]:

@@ -446,10 +446,16 @@ def _writes_into(root: Path) -> list[Path]:
     return [root, *dict.fromkeys(Path(p) for p in components.cache_env(root).values())]
 
 
-def unwritable(root: Path, owner: tuple[int, int] | None = None, dirs: list[Path] | None = None) -> str | None:
+def unwritable(
+    root: Path, owner: tuple[int, int] | None = None, dirs: list[Path] | None = None, *, creatable: bool = False
+) -> str | None:
     """Why the serving user (owner's uid, or this process) cannot write what vLLM writes into root
-    (dirs: _writes_into(root), when the caller has them); None when it can."""
+    (dirs: _writes_into(root), when the caller has them); None when it can. creatable: a directory
+    that does not exist counts as one the user can make (prepare, or vLLM), judged by the nearest
+    directory above it that does, as mkdir is; when root itself exists."""
     dirs = dirs or _writes_into(root)
+    if creatable and root.is_dir():
+        dirs = list(dict.fromkeys(_nearest_existing(d) for d in dirs))
     other = owner if owner is not None and owner[0] != os.geteuid() else None
     for d in dirs:
         try:
@@ -476,6 +482,12 @@ def unwritable(root: Path, owner: tuple[int, int] | None = None, dirs: list[Path
                     f"uid {other[0]} cannot get through it (`chmod o+x {p}`, or a root the serving user can reach)"
                 )
     return None
+
+
+def _nearest_existing(d: Path) -> Path:
+    while not d.exists() and d != d.parent:
+        d = d.parent
+    return d
 
 
 def _may(owner: tuple[int, int], st: os.stat_result, bits: int) -> bool:

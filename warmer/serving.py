@@ -218,10 +218,13 @@ def plan(
     marker = restore.active(root)
     warnings = []
     problem = restore.unwritable(root)
-    if problem is not None and marker is not None and restore.unwritable(root, dirs=[root]) is None:
-        # A cache directory missing from an active root this user may write (readied by an older
-        # warmer, before a cache of the newer one's existed): made here, as vLLM would make it.
-        problem = restore.prepare(root)
+    if problem is not None and marker is not None and restore.unwritable(root, creatable=True) is None:
+        # A cache directory missing from an active root, where this user may make it (readied by an
+        # older warmer, before a cache of the newer one's existed): made here, as vLLM would make it.
+        try:
+            problem = restore.prepare(root)
+        except OSError as e:  # a full disk, say: served cold, as any root it cannot write
+            problem = f"cannot make its cache directories ({e.strerror}: {e.filename or root})"
     given = dict(env_file.vars) if env_file is not None else {}
     if problem is not None:  # vLLM writes lock files into the root even on a full hit: it would crash
         cold = restore.cold_root(recipe.name, os.geteuid())

@@ -161,6 +161,41 @@ def test_restore_of_a_file_hands_over_a_root_the_serving_user_is_served_from(nod
     assert env_of(served)["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
 
 
+def test_a_missing_cache_directory_is_made_only_where_the_serving_user_may_make_it(node):
+    """A root handed over, then missing its FlashInfer autotune directory (an older warmer readied
+    it). Where uid 1000 may make it, serve does and serves from the root, and doctor says what serve
+    will do (a warning, not an error: it exits 0). Where the directory above it is root's, serve
+    starts cold elsewhere with the fix; it crashed on mkdir's PermissionError."""
+    root, env_file = node["base"] / "tiny", node["home"] / "vllm.env"
+    out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--owner", f"{SERVING}:{SERVING}",
+                 "--env-file", env_file)
+    assert out.returncode == 0, out.stderr
+    fi = root / "flashinfer"
+    shutil.rmtree(fi / ".cache")
+
+    doctor = warmer("doctor", "--root", root, "--env-file", env_file, "--json", uid=SERVING, home=node["home"])
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    import json
+    [finding] = [f for f in json.loads(doctor.stdout)["findings"] if f["check"] == "ownership"]
+    assert finding["severity"] == "warning" and "`warmer serve` makes it" in finding["what"], finding
+
+    os.chown(fi, 0, 0)  # the directory above the missing one: root's, 0755
+    refused = warmer("serve", node["recipe"], "--root", root, "--dry-run", uid=SERVING, home=node["home"])
+    assert refused.returncode == 0 and "Traceback" not in refused.stderr, refused.stderr
+    assert f"{root} is not writable by this user (uid {SERVING}): {fi} is owned by 0:0" in refused.stderr
+    assert env_of(refused)["TORCHINDUCTOR_CACHE_DIR"] == str(restore.cold_root("tiny", SERVING) / "inductor")
+    shutil.rmtree(restore.cold_root("tiny", SERVING), ignore_errors=True)
+
+    os.chown(fi, SERVING, SERVING)
+    served = warmer("serve", node["recipe"], "--root", root, "--dry-run", "--require-hit", uid=SERVING,
+                    home=node["home"])
+    assert served.returncode == 0, served.stderr
+    assert env_of(served)["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
+    assert os.stat(fi / ".cache" / "flashinfer" / "autotune").st_uid == SERVING
+    doctor = warmer("doctor", "--root", root, "--json", uid=SERVING, home=node["home"])
+    assert '"check": "ownership"' not in doctor.stdout
+
+
 def test_the_owners_class_of_the_mode_decides_for_the_owner_as_the_kernel_does(shared):
     """Owner bits r-x, others' rwx: the kernel takes the owner's class alone, so uid 1000 may not
     write its own directory (root, judging for it, once said it could, from the others' bits)."""
