@@ -267,17 +267,10 @@ def _flashinfer(env, mounts, resolve, can_write, installed: bool) -> list[Findin
         ("FLASHINFER_CUBIN_DIR", None, "kernel cubins are downloaded there on first use"),
         ("FLASHINFER_AUTOTUNE_CACHE_DIR", None, "autotune results are saved there"),
         ("B12X_COMPILE_CACHE_DIR", os.path.join(xdg, "b12x", "compile"), "the b12x MoE kernels compile there"),
-        (
-            "FLASHINFER_MOE_EP_KNOB_CACHE",
-            os.path.join(home, ".cache", "flashinfer"),
-            "the MoE-EP knob cache is written there (it ignores FLASHINFER_WORKSPACE_BASE)",
-        ),
+        # Not FLASHINFER_MOE_EP_KNOB_CACHE: vLLM only reads it (components.NOT_PACKED says why), and a
+        # pod with no passwd entry (HOME=/) was warned on every start of a fix warmer never applies.
     ):
         path = env.get(var) or default
-        if var == "FLASHINFER_MOE_EP_KNOB_CACHE" and env.get(var):
-            if env[var].lower() in ("0", "off"):
-                continue
-            path = os.path.dirname(env[var])
         if path:
             dirs.append((var, path, WARNING, why))
     out = []

@@ -154,6 +154,14 @@ def test_flashinfer_dirs_outside_the_root_are_checked_with_this_machines_permiss
     assert not by(result, check="flashinfer-writable", subject="FLASHINFER_WORKSPACE_BASE")
 
 
+def test_a_pod_without_a_home_is_not_warned_of_the_moe_ep_knob_cache_vllm_only_reads():
+    """An image's USER 1000 with no passwd entry gets HOME=/: FlashInfer's MoE-EP knob cache would
+    default to /.cache/flashinfer, but only the offline tuner writes it; every start was warned."""
+    env = {**cache_env_under(ROOT), "HOME": "/"}
+    result = doctor.diagnose(env, sample("hostpath"), can_write=lambda p: p.startswith(ROOT))
+    assert not by(result, check="flashinfer-writable"), result.findings
+
+
 def test_flashinfer_workspace_is_only_a_warning_where_flashinfer_is_not_installed():
     text = sample("hostpath").replace("/var/cache/warmer /cache rw,relatime", "/var/cache/warmer /cache ro,relatime")
     result = doctor.diagnose(cache_env_under(ROOT), text, flashinfer_installed=False)
