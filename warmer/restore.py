@@ -18,7 +18,6 @@ import dataclasses
 import errno
 import fcntl
 import io
-import itertools
 import json
 import logging
 import os
@@ -436,8 +435,18 @@ def _chown_tree(top: Path, owner: tuple[int, int]) -> None:
 
 def _owned_otherwise(top: Path, owner: tuple[int, int]) -> bool:
     """Whether top or anything under it is not owner's (uid and gid); links are not followed."""
-    paths = itertools.chain([str(top)], (os.path.join(d, n) for d, dirs, files in os.walk(top) for n in dirs + files))
-    return any((st.st_uid, st.st_gid) != owner for st in map(os.lstat, paths))
+    st = os.lstat(top)
+    if (st.st_uid, st.st_gid) != owner:
+        return True
+    for _, dirs, files, fd in os.fwalk(top):
+        for name in dirs + files:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:  # gone meanwhile (a running FlashInfer's temporary file)
+                continue
+            if (st.st_uid, st.st_gid) != owner:
+                return True
+    return False
 
 
 def _writes_into(root: Path) -> list[Path]:
@@ -633,8 +642,10 @@ def restore(
                 and still_intact(marker, root, trusted_keys) is None
             ):
                 if owner and os.geteuid() == 0:
-                    if os.lstat(root).st_uid != owner[0]:
-                        _chown_tree(root, owner)  # restored by root before: hand it over now
+                    # restored by root before: hand it over now; the whole tree is looked at, as a miss
+                    # in between (activate's prepare) hands over the root's top directories alone
+                    if _owned_otherwise(root, owner):
+                        _chown_tree(root, owner)
                     shared = workspace.Workspace.of(art, root) if marker.holds_component("flashinfer") else None
                     # and its FlashInfer files, as a restore hands them over; only when one is not the
                     # owner's (an lstat each): a pod's start need not wait for the workspace's lock

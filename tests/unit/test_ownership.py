@@ -119,6 +119,46 @@ def test_owner_hands_the_restored_root_to_the_serving_user(node):
     assert '"check": "ownership"' not in doctor.stdout
 
 
+def test_a_root_restored_by_root_is_handed_over_whole_though_a_miss_in_between_handed_over_its_top(node, tmp_path):
+    """Restored by root without --owner, then one --owner fetch missed (the store unreachable): that
+    miss readied the root, handing its top directories to uid 1000. The next --owner fetch, a no-op,
+    must hand over the rest: it looked at the root's top alone and left every restored directory
+    root's, where vLLM writes (vllm/modelinfos) even on a full hit, while it pointed vLLM there."""
+    root = node["base"] / "tiny"
+    assert warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--require").returncode == 0
+    (tmp_path / "empty").mkdir()
+    missed = warmer("fetch", node["recipe"], "--store", f"file://{tmp_path / 'empty'}", "--root", root,
+                    "--owner", f"{SERVING}:{SERVING}")
+    assert missed.returncode == 0 and os.stat(root).st_uid == SERVING, missed.stderr
+    assert {os.lstat(p).st_uid for p in root.rglob("*")} == {0, SERVING}  # the restored tree: still root's
+
+    again = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--owner",
+                   f"{SERVING}:{SERVING}", "--json")
+    assert again.returncode == 0 and '"status": "already-active"' in again.stdout, again.stderr
+    assert {os.lstat(p).st_uid for p in [root, *root.rglob("*")]} == {SERVING}
+
+
+def test_a_file_gone_while_ownership_is_looked_at_is_no_failure(tmp_path, monkeypatch):
+    """A running vLLM's FlashInfer build makes and deletes temporary files in the shared workspace
+    while a root --owner fetch looks at who owns it: a name listed, then gone before its stat, is
+    skipped (it failed the no-op fetch as "not activated"). The race is made certain by a stat that
+    finds the listed file gone: no real writer can be timed to it."""
+    (tmp_path / "kept").touch()
+    (tmp_path / "obj.o.tmp").touch()
+    for name in ("stat", "lstat"):
+        real = getattr(os, name)
+
+        def gone(path, *args, real=real, **kwargs):
+            if not isinstance(path, int) and os.path.basename(path) == "obj.o.tmp":  # fwalk stats fds too
+                raise FileNotFoundError(2, "No such file or directory", path)
+            return real(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, name, gone)
+    assert restore._owned_otherwise(tmp_path, (0, 0)) is False
+    os.chown(tmp_path / "kept", SERVING, SERVING)
+    assert restore._owned_otherwise(tmp_path, (0, 0)) is True
+
+
 def test_a_root_the_serving_user_cannot_get_to_is_not_handed_over_and_its_capabilities_count(node):
     """A root handed to uid 1000 under a directory only root may search (0700). fetch, judging a pod
     without capabilities, must not point vLLM there (it would crash on its lock files): the root is
