@@ -689,6 +689,10 @@ def test_cloud_init_embeds_the_shipped_units_and_downloads_nothing_unpinned():
     assert env["WARMER_WHEEL_URL"].endswith(".whl")
     assert ["systemctl", "start", "warmer-prefetch.service"] in commands
     assert commands.index(install) < commands.index(["systemctl", "start", "warmer-prefetch.service"])
+    # runcmd runs after multi-user.target: a vllm.service the image enables started cold before the
+    # fetch, and only a restart after it puts vLLM on the caches at first boot
+    assert commands.index(["systemctl", "start", "warmer-prefetch.service"]) < commands.index(
+        ["systemctl", "restart", "vllm.service"])
 
 
 # --- install-warmer.sh: the `warmer` command is linked from where pip put it ---------------------
