@@ -751,3 +751,15 @@ def test_install_warmer_keeps_pips_command_where_it_is_the_link(tmp_path, python
     out = _install_warmer(tmp_path, python, scripts / "warmer")
     assert out.returncode == 0, out.stdout + out.stderr
     assert not (scripts / "warmer").is_symlink() and "warmer 0.1.0" in out.stdout
+
+
+def test_container_jobs_name_no_runner_temp_path_the_container_may_not_have():
+    """In a container job, `${{ runner.temp }}` can expand to the host's path in one step and the
+    container's in another (actions/runner#965, #2498): the files written in one and uploaded by
+    the next then miss each other, and the upload keeps nothing (if-no-files-found: ignore)."""
+    wf = yaml.safe_load((MANIFESTS / "ci" / "github-warm-caches.yml").read_text())
+    for name, job in wf["jobs"].items():
+        if "container" in job:
+            for step in job["steps"]:
+                text = json.dumps({k: step.get(k) for k in ("run", "env", "with")})
+                assert "runner.temp" not in text, (name, step.get("name"))
