@@ -16,7 +16,7 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import run_warmer, time_cap, tiny_recipe, write_tiny_recipe
+from tests.conftest import make_cache_tree, run_warmer, time_cap, tiny_recipe, write_tiny_recipe
 from warmer import archive, build, fetch, restore
 from warmer.entry import IndexEntry
 from warmer.errors import UntrustedInput
@@ -137,6 +137,34 @@ def test_doctor_on_an_env_file_with_an_unterminated_quote(tmp_path):
     out = run_warmer("doctor", "--env-file", env)
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "unterminated quote" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_flashinfer_module_whose_build_file_is_not_text_is_judged_not_a_crash_loop(tmp_path):
+    """An artifact that passes every check and holds a FlashInfer module whose build.ninja is not
+    UTF-8 (a latin-1 path in it; the shared workspace is the pods' to write, too): fetch activated
+    it, then crashed on the check of what it activated, before the env file, and so did every later
+    fetch, serve and doctor on that root. Now the module is judged (built elsewhere: a rebuild)."""
+    src = tmp_path / "src"
+    make_cache_tree(src)
+    module = src / "flashinfer/.cache/flashinfer/0.7.0.post1/90a/cached_ops/norm"
+    module.mkdir(parents=True)
+    (module / "build.ninja").write_bytes(b"# built in /data/mod\xe8les\nrule cc\n  command = true\nbuild norm.so: cc\n")
+    (module / "norm.so").write_bytes(b"\x7fELF" + os.urandom(100))
+    art = build.pack_root(src, tiny_recipe(), tmp_path / "a.tar.zst")
+    assert art.path_contract.flashinfer is not None and art.path_contract.flashinfer.modules == ("norm",)
+    build.publish(open_store(f"file://{tmp_path / 'store'}"), tmp_path / "a.tar.zst")
+    recipe, root, env_file = write_tiny_recipe(tmp_path / "tiny.toml"), tmp_path / "root", tmp_path / "vllm.env"
+
+    for attempt in ("hit", "already-active"):
+        out = run_warmer("fetch", recipe, "--store", f"file://{tmp_path / 'store'}", "--root", root,
+                         "--env-file", env_file, "--json", timeout=120)
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+        assert json.loads(out.stdout)["status"] == attempt and env_file.is_file()
+        assert "ninja would rebuild FlashInfer module(s) norm" in out.stderr, out.stderr
+    serve = run_warmer("serve", recipe, "--root", root, "--dry-run", timeout=120)
+    assert serve.returncode == 0 and "Traceback" not in serve.stderr, serve.stderr
+    doctor = run_warmer("doctor", "--root", root, "--env-file", env_file, timeout=120)
+    assert "Traceback" not in doctor.stderr and "ninja would rebuild" in doctor.stdout, doctor.stderr
 
 
 # -- fuzzing ----------------------------------------------------------------------------------

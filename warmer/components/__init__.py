@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from warmer.components.base import Check, Component, Held, junk
+from warmer.finding import WARNING, Finding
 
 if TYPE_CHECKING:
     from warmer.contract import PathContract
@@ -198,8 +199,27 @@ def serve_env(held: Held, root: Path, names: Iterable[str] | None = None) -> dic
 
 
 def checks(root: Path, env: Mapping[str, str], built: PathContract) -> dict[str, Check]:
-    """Every component's check that a start with env uses its cache restored in root as it is."""
-    return {c.name: c.check(root, env, built) for c in ALL}
+    """Every component's check that a start with env uses its cache restored in root as it is. A
+    check that fails (a file in the root it cannot read, a tool that hangs) is said as a warning:
+    it judges a cache already activated, and fetch, serve and doctor run it on every start."""
+    out = {}
+    for c in ALL:
+        try:
+            out[c.name] = c.check(root, env, built)
+        except Exception as e:  # the root's files are the pods' and the store's, not ours
+            out[c.name] = Check(
+                (
+                    Finding(
+                        WARNING,
+                        c.name,
+                        str(root),
+                        f"could not check the restored {c.name} cache ({type(e).__name__}: {e}): whether "
+                        "vLLM reuses it is not known",
+                        f"`warmer doctor --root {root}` once it is readable; if it persists, report it as a bug",
+                    ),
+                )
+            )
+    return out
 
 
 def cache_env(root: Path) -> dict[str, str]:

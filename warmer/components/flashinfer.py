@@ -297,20 +297,28 @@ def dry_run(root: Path, env: dict, built: FlashInferContract | None = None) -> d
         for name in absent
     }
     for m in mods:
-        if str(Path(os.path.realpath(m))) not in (m / "build.ninja").read_text():
+        try:  # bytes: the file is the store's or the pods' (the shared workspace), not always text
+            written_here = os.fsencode(os.path.realpath(m)) in (m / "build.ninja").read_bytes()
+        except OSError as e:
+            written_here, unread = False, f"build.ninja cannot be read ({e.strerror})"
+        else:
+            unread = f"build.ninja names other paths than {m}: the cache was built under another workspace"
+        if not written_here:
             # Written for another path: FlashInfer regenerates it here, and everything rebuilds.
-            result[m.name] = {
-                "clean": False,
-                "reasons": [f"build.ninja names other paths than {m}: the cache was built under another workspace"],
-            }
+            result[m.name] = {"clean": False, "reasons": [unread]}
             continue
-        out = subprocess.run(
-            [path, "-n", "-d", "explain", "-C", str(m), "-f", "build.ninja"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
+        try:
+            out = subprocess.run(
+                [path, "-n", "-d", "explain", "-C", str(m), "-f", "build.ninja"],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                env=env,
+                timeout=120,
+            )
+        except subprocess.TimeoutExpired:
+            result[m.name] = {"clean": False, "reasons": ["ninja's dry run did not end within 120 s"]}
+            continue
         text = out.stdout + out.stderr
         clean = out.returncode == 0 and "no work to do" in text
         reasons = [line.split("ninja explain: ", 1)[1] for line in text.splitlines() if "ninja explain: " in line]
@@ -344,6 +352,7 @@ def newer_inputs(root: Path, env: dict) -> list[tuple[str, str]]:
             [path, "-C", str(m), "-f", "build.ninja", "-t", "deps"],
             capture_output=True,
             text=True,
+            errors="replace",
             env=env,
             timeout=120,
         ).stdout
