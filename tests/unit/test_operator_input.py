@@ -4,6 +4,8 @@ failed restore, the env describes no artifact: a slow start never turns into a f
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.conftest import run_warmer, tiny_recipe, write_tiny_recipe
@@ -25,6 +27,20 @@ def test_a_malformed_store_url_is_a_usage_error_on_fetch(url, tmp_path):
     assert not (tmp_path / "root").exists()  # nothing prepared for a fetch that never was
     with pytest.raises(UsageError):
         api.fetch(tiny_recipe(), url, tmp_path / "root")
+
+
+@pytest.mark.parametrize(("var", "url"), [("WARMER_FETCH_WINDOW_MIB", "s3://bucket/warmer"),
+                                          ("WARMER_OCI_MAX_ATTEMPTS", "oci://127.0.0.1:1/team/caches"),
+                                          ("WARMER_OCI_CHUNK_MIB", "oci://127.0.0.1:1/team/caches")])
+def test_a_typo_in_a_node_setting_of_the_store_is_a_usage_error_before_anything_is_read(var, url, tmp_path):
+    """`64MiB` where a number of MiB goes: raised inside the restore, it was an "error" status and
+    exit 0 on every fetch of every pod (a cold start forever); nothing listens on the store's port."""
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    endpoint = ["--endpoint-url", "http://127.0.0.1:1"] if url.startswith("s3://") else []
+    out = run_warmer("fetch", recipe, "--store", url, "--root", tmp_path / "root", *endpoint,
+                     env={**os.environ, var: "64MiB"})
+    assert out.returncode == 2 and f"{var}='64MiB'" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "root").exists()
 
 
 def test_a_trusted_key_that_cannot_be_read_is_a_usage_error_even_on_a_miss(tmp_path):

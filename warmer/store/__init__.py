@@ -21,7 +21,7 @@ from typing import NamedTuple
 from warmer.deadline import Deadline
 from warmer.errors import StoreError, UntrustedInput, UsageError
 from warmer.names import HEX64, MAX_INDEX_BYTES, NAME
-from warmer.store.stream import BlobCorrupt, BlobMissing, BlobStream
+from warmer.store.stream import BlobCorrupt, BlobMissing, BlobStream, window_from_env
 
 # An index entry holds artifact.json, about 200 bytes per cached file: 64 MiB is ~300,000 files,
 # far beyond any real cache, and keeps a hostile entry from being read whole into memory.
@@ -208,6 +208,7 @@ def open_store(
     """
     if not isinstance(url, str) or not url.strip():
         raise UsageError("no store given: pass --store URL (or set WARMER_STORE), e.g. s3://bucket/prefix")
+    window_from_env()  # the node's WARMER_FETCH_WINDOW_MIB: a typo said now, not a miss in every restore
     if url.startswith("oci://"):
         if endpoint_url or path_style:
             raise UsageError(f"--endpoint-url and --s3-path-style apply to s3:// stores, not to {url}")

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from warmer.deadline import LOW_SPEED_BYTES, Deadline, unbounded
-from warmer.errors import StoreError
+from warmer.errors import StoreError, UsageError
 
 MiB = 1 << 20
 PART_ATTEMPTS = 5  # one part cut short this many times in a row: the download fails
@@ -101,11 +101,13 @@ OpenRange = Callable[[int, int], Answer]
 
 
 def window_from_env() -> int:
+    """The node's download window: the operator's setting, so a typo is a UsageError (open_store asks
+    first, before anything is read: raised inside a restore it was a miss on every fetch)."""
     raw = os.environ.get(WINDOW_ENV)
     if raw is None:
         return WINDOW_BYTES
     if not raw.isdigit() or int(raw) < 1:
-        raise StoreError(f"{WINDOW_ENV}={raw!r}: give a whole number of MiB, at least 1")
+        raise UsageError(f"{WINDOW_ENV}={raw!r}: give a whole number of MiB, at least 1 (e.g. {WINDOW_ENV}=64)")
     return int(raw) * MiB
 
 

@@ -16,7 +16,7 @@ import time
 import urllib.parse
 
 from warmer.deadline import Deadline, unbounded
-from warmer.errors import StoreError
+from warmer.errors import StoreError, UsageError
 from warmer.store.oci.auth import DOCKER_HUB, Auth, challenge, is_loopback, login_hint
 from warmer.store.stream import Cut
 
@@ -47,7 +47,7 @@ def _env_int(name: str, default: int) -> int:
             raise ValueError
         return value
     except ValueError:
-        raise StoreError(f"{name}={raw!r}: give a whole number of at least 1") from None
+        raise UsageError(f"{name}={raw!r}: give a whole number of at least 1") from None
 
 
 class Unreachable(StoreError):
