@@ -115,12 +115,17 @@ def test_the_cli_says_each_retry_and_the_deadline_and_require_makes_it_exit_3(pu
     published["proxy"].inject("stall", everything, times=None)
     _node_root(tmp_path)
     t0 = time.monotonic()
-    out = subprocess.run(_cli(published, tmp_path, "--require"), capture_output=True, text=True, timeout=60,
-                         cwd=REPO, env={**os.environ, "WARMER_DEADLINE": str(DEADLINE)})
+    metrics = tmp_path / "warmer.prom"
+    out = subprocess.run(_cli(published, tmp_path, "--require", "--metrics-file", str(metrics)), capture_output=True,
+                         text=True, timeout=60, cwd=REPO, env={**os.environ, "WARMER_DEADLINE": str(DEADLINE)})
     took = time.monotonic() - t0
     assert out.returncode == 3, out.stderr
     assert took < DEADLINE + SLACK + 1.0, f"{took:.1f} s (the process's start included)"
     assert "warmer: retrying " in out.stderr and f"deadline of {DEADLINE:.0f} s" in out.stderr, out.stderr
+    # the time the miss held the pod, as fetch --all gives it per recipe (it said 0: nothing was restored)
+    prom = dict(line.rsplit(" ", 1) for line in metrics.read_text().splitlines() if not line.startswith("#"))
+    assert prom['warmer_fetch_status{recipe="tiny",status="miss"}'] == "1", prom
+    assert DEADLINE - 0.5 <= float(prom['warmer_fetch_seconds{recipe="tiny"}']) <= took, prom
     quiet = subprocess.run(_cli(published, tmp_path, "--deadline", "3", "-q"), capture_output=True, text=True,
                            timeout=60, cwd=REPO)
     assert quiet.returncode == 0 and "retrying" not in quiet.stderr, quiet.stderr
