@@ -142,6 +142,27 @@ def test_sigterm_stops_a_download_within_two_seconds(published, tmp_path, fault)
     assert _unchanged(root)
 
 
+def test_sigterm_stops_a_fetch_while_it_lists_a_stalled_registry_for_the_nearest_artifact(
+        tmp_path, oci_registry, oci_env, oci_proxy):
+    """No artifact under this node's key (the recipe was edited): fetch reads the manifest of each of
+    the recipe's tags for the nearest artifact, and the registry never answers those reads. The
+    listing ran on a thread pool, whose workers the interpreter joins at exit: the process outlived
+    SIGTERM by the rest of its deadline (and a passed deadline by a read timeout or more)."""
+    from warmer.store.oci.store import index_tag
+
+    packed = pack_with_big_file(tmp_path, 1 << 10)
+    repo = oci_registry.repo()
+    build.publish(open_store(oci_registry.url(repo)), packed["artifact"])
+    published = f"/manifests/{index_tag('tiny', packed['doc'].key)}"
+    rule = oci_proxy.inject("stall", lambda r: r.method == "GET" and r.path.endswith(published), times=None)
+    edited = write_tiny_recipe(tmp_path / "tiny.toml", max_model_len=256)  # another key: its own tag is absent
+    port = oci_proxy.url.rsplit(":", 1)[1]
+    proc = subprocess.Popen([sys.executable, "-m", "warmer", "fetch", str(edited), "--store",
+                             f"oci://127.0.0.1:{port}/{repo}", "--root", str(tmp_path / "node-root"),
+                             "--deadline", "600"], stderr=subprocess.PIPE, text=True, cwd=REPO)
+    _stopped_within_two_seconds(proc, oci_proxy, rule, requests=1)
+
+
 def _stopped_within_two_seconds(proc: subprocess.Popen, proxy, rule, requests: int) -> None:
     """SIGTERM once the rule has met this many download requests, each in its slow read (a stalled
     answer is from the moment its request is in; a trickled one once its body has begun): exit 143

@@ -98,8 +98,9 @@ class Registry:
     # -- requests -----------------------------------------------------------------------------
 
     def timeouts(self) -> tuple[float, float]:
-        """requests' (connect, read) timeouts, within the deadline (warmer.deadline)."""
-        return self.deadline.connect_timeout, self.deadline.read_timeout
+        """requests' (connect, read) timeouts, within the deadline (warmer.deadline) and never past it."""
+        left = max(0.1, self.deadline.left())
+        return min(self.deadline.connect_timeout, left), min(self.deadline.read_timeout, left)
 
     def url(self, path: str) -> str:
         return f"{self.base}/{path}"
@@ -143,6 +144,8 @@ class Registry:
         A connection that fails every time raises Unreachable."""
         renewals = attempt = 0
         while True:
+            # none started past the deadline: a listing abandoned by it (Deadline.call) stops here
+            self.deadline.check(f"{method} {what} from {self.host}")
             generation = self.auth.generation
             sent = dict(headers or {})
             if self.auth.header:

@@ -11,8 +11,8 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from warmer.deadline import Deadline
@@ -508,9 +508,7 @@ class OCIStore(Store):
                 return name, key
             return None  # not a warmer artifact, or annotated for another tag: not an entry
 
-        with ThreadPoolExecutor(8) as pool:
-            found = list(pool.map(key_of, candidates))
-        return sorted({rk for rk in found if rk})
+        return sorted({rk for rk in _map_on_daemon_threads(key_of, candidates, 8) if rk})
 
     def delete_index(self, recipe: str, key: str) -> None:
         registry = self.registry
@@ -547,3 +545,36 @@ class OCIStore(Store):
             if isinstance(found, str) and DIGEST.match(found):
                 sha = found[len("sha256:") :]
                 self._released[sha] = Blob(sha, size if isinstance(size, int) else 0, when)
+
+
+def _map_on_daemon_threads(fn, items: list, threads: int) -> list:
+    """[fn(item) for item in items], on up to threads daemon threads; the first error is raised.
+    Not a ThreadPoolExecutor: the interpreter joins its workers at exit, so a listing a fetch's
+    deadline or SIGTERM abandoned held the process for every request still waiting on a stalled
+    registry (a read timeout each); daemon threads end with it."""
+    out: list = [None] * len(items)
+    todo = iter(enumerate(items))
+    lock = threading.Lock()
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        while not failed:
+            with lock:
+                nxt = next(todo, None)
+            if nxt is None:
+                return
+            try:
+                out[nxt[0]] = fn(nxt[1])
+            except BaseException as e:  # handed to the caller's thread
+                failed.append(e)
+
+    workers = [
+        threading.Thread(target=work, name="warmer-oci-list", daemon=True) for _ in range(min(threads, len(items)))
+    ]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    if failed:
+        raise failed[0]
+    return out
