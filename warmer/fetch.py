@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from warmer import compat, explain, fingerprint, restore, serving, signing
-from warmer.artifact import Layer
+from warmer.artifact import Artifact, Layer
 from warmer.compat import Decision
 from warmer.deadline import Deadline
 from warmer.entry import EntrySchemaError, IndexEntry
@@ -282,8 +282,18 @@ def fetch(
         why = f"no artifact chosen: unexpected {type(e).__name__}: {e}; vLLM will compile from cold"
         choice = Choice("", "error", warnings=(why,))
     choice = _at_root(choice, str(root))
+    own = _own_kept(choice, root, tuple(trusted_keys))
+    if own is not None:  # the store offers another key's artifact, the root holds this key's whole
+        assert choice.entry is not None  # _own_kept looks only at another key's offer
+        offered = f"{', '.join(choice.components)} of " if choice.components else ""
+        kept = (
+            f"the store has no entry for {recipe.name}/{choice.key[:16]} any more (`warmer gc`, `warmer rm`): the "
+            f"whole artifact of this key active in {root} is kept, not replaced by the {offered}artifact "
+            f"{choice.entry.key[:16]}"
+        )
+        choice = Choice(choice.key, None, nearest=choice.nearest, warnings=(kept,))
     entry = choice.entry if choice.status is None else None
-    art = entry.artifact if entry else None
+    art = own or (entry.artifact if entry else None)
 
     blob = entry.blob if entry else None
 
@@ -351,6 +361,19 @@ def fetch(
         components=held,
         layers=choice.layers,
     )
+
+
+def _own_kept(choice: Choice, root: Path, trusted_keys: tuple) -> Artifact | None:
+    """The whole artifact of this node's own key, active and intact in root, where the store offers
+    only another key's (a partial hit, or one an older warmer's rules keyed elsewhere): the entry of
+    this key is gone from the store (`warmer gc --keep`, `warmer rm`), and the root keeps it, as on
+    a miss. Restored, the other key's would replace it with less (a partial) or no more."""
+    if choice.status is not None or choice.entry is None or choice.entry.key == choice.key:
+        return None
+    marker = restore.active(root)
+    if marker is None or marker.artifact.key != choice.key or marker.components is not None:
+        return None
+    return marker.artifact if restore.still_intact(marker, root, trusted_keys) is None else None
 
 
 def _node(recipe: Recipe, gpus: Gpus | None) -> Fingerprint:

@@ -150,3 +150,27 @@ def test_a_partial_hit_for_an_edited_recipe_is_not_called_another_versions(sxm_s
     assert not any(f.check == "recipe" for f in part.findings), part.findings
     whole = outlook(edited, node, marker.artifact, env)  # the control: the whole artifact is another version's
     assert any(f.check == "recipe" and "engine.max_num_seqs" in f.what for f in whole.findings), whole.findings
+
+
+def test_a_nodes_own_whole_artifact_is_kept_when_its_entry_is_gone_not_replaced_by_a_partial(sxm_store, tmp_path):
+    """An H100 PCIe node holds the whole artifact of its own key; `warmer rm` (or `gc --keep`, after
+    a newer build) removes that entry from the store. The next fetch was a partial hit from the SXM
+    build and replaced the node's Inductor and vLLM caches with nothing; a miss would have kept them.
+    It keeps them now, said, and --require holds: the root is this node's own artifact, whole."""
+    store, _ = sxm_store
+    root, pcie = tmp_path / "root", _gpus("h100-pcie")
+    files = make_cache_tree(root)
+    built = fingerprint.probe(root=root, model="/models/tiny").with_gpus(pcie)
+    build.pack_root(root, tiny_recipe(), tmp_path / "pcie.tar.zst", fp=built)
+    own = build.publish(store, tmp_path / "pcie.tar.zst")
+    shutil.rmtree(root)
+    assert fetch.fetch(tiny_recipe(), store, root, gpus=pcie).status == "hit"
+
+    removed = run_warmer("rm", f"{store.url}/index/tiny/{own.key}", "--yes")
+    assert removed.returncode == 0, removed.stderr
+    again = fetch.fetch(tiny_recipe(), store, root, gpus=pcie)
+    assert again.status == "already-active" and again.hit, again.warnings
+    assert any("is kept, not replaced by the" in w for w in again.warnings), again.warnings
+    assert restore.active(root).artifact.key == own.key and restore.active(root).components is None
+    assert all((root / rel).read_bytes() == data for rel, data in files.items() if rel.startswith(("inductor/", "vllm/")))
+    assert again.env.vars["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
