@@ -658,7 +658,9 @@ def restore(
                 raise Rollback(
                     f"not activated: the store offers an artifact created {art.created_at}, older than the "
                     f"signed one active in {root} (created {marker.artifact.created_at}) for the same key: "
-                    "a rollback; remove the old entry from the store (`warmer rm`) if it is intended"
+                    "a rollback, refused (anyone who may write the store could put an older signed build back). "
+                    "To leave the active build on purpose, `warmer rm` the slot's entry and build again: "
+                    "`warmer build` signs a newer artifact of this key, which nodes take"
                 )
             why = None if force or marker else _replaceable(root)
             if why:

@@ -245,6 +245,12 @@ def test_a_rollback_to_an_older_signed_build_of_the_same_key_is_refused(packed, 
     got = fetch.fetch(tiny_recipe(), old_store, node, trusted_keys=[keys[1]])
     assert got.status == "rollback" and any("older than the signed one active" in w for w in got.warnings)
     assert restore.active(node).artifact.timings["build"]["name"] == "a"
+    # Leaving the active build on purpose, as the message says: its entry removed, a rebuild (newer) taken.
+    assert any("`warmer rm` the slot's entry and build again" in w for w in got.warnings), got.warnings
+    rebuilt = open_store(f"file://{tmp_path / 'rebuilt-store'}")
+    build.publish(rebuilt, _older_copy(p, tmp_path, "2099-01-01T00:00:00+00:00"), str(keys[0]))
+    assert fetch.fetch(tiny_recipe(), rebuilt, node, trusted_keys=[keys[1]]).status == "hit"
+    assert restore.active(node).artifact.created_at.startswith("2099")
 
 
 # -- 3. the env file cannot run code -------------------------------------------------------------
