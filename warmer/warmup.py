@@ -174,7 +174,10 @@ def parse_log(text: str, result: dict | None = None, wall_s: float | None = None
     start = re.search(STAMP + r".*Warming up model for the compilation", text)
     done = re.search(STAMP + r".*Warming up done", text)
     if start and done:
-        t0, t1 = (datetime.strptime(m.group(1), "%m-%d %H:%M:%S") for m in (start, done))
+        # vLLM's stamps have no year: read in a leap year (02-29 exists), and one that ends before it
+        # began crossed New Year's Eve
+        t0, t1 = (datetime.strptime(f"2000-{m.group(1)}", "%Y-%m-%d %H:%M:%S") for m in (start, done))
+        t1 = t1 if t1 >= t0 else t1.replace(year=2001)
         timings["cpu_compile_warmup_s"] = (t1 - t0).total_seconds()
     events = {name: len(re.findall(pattern, text)) for name, pattern in EVENTS.items()}
     return {

@@ -36,6 +36,16 @@ def test_cpu_cold_log():
     assert not any(parsed["events"].values())
 
 
+@pytest.mark.parametrize(("began", "ended", "seconds"), [("02-29 10:00:01", "02-29 10:00:09", 8.0),
+                                                           ("12-31 23:59:58", "01-01 00:00:03", 5.0)])
+def test_the_cpu_warm_up_is_timed_on_the_29th_of_february_and_across_new_year(began, ended, seconds):
+    """vLLM's stamps have no year: read as 1900's, 02-29 did not exist (every CPU engine run of that
+    day ended in a traceback), and a warm-up over New Year's Eve took minus a year."""
+    log = (f"INFO {began} [cpu_model_runner.py:1] Warming up model for the compilation...\n"
+           f"INFO {ended} [cpu_model_runner.py:1] Warming up done.\n")
+    assert warmup.parse_log(log)["timings"]["cpu_compile_warmup_s"] == seconds
+
+
 def test_aot_reload_failure_counts_as_recompile():
     events = warmup.parse_log(CPU_AOT_WARM)["events"]
     assert events["aot_load_failure"] == 1 and events["aot_saved"] == 1
