@@ -52,17 +52,23 @@ def _strings(value) -> bool:
 def load_skus(path: str | Path) -> dict[str, Sku]:
     path = Path(path)
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(path.read_bytes().decode())
     except FileNotFoundError:
         raise MatrixError(
             f"no SKU catalogue at {path}: copy manifests/skus.toml from warmer "
             "next to your recipes, or pass --skus FILE"
         ) from None
+    except OSError as e:
+        raise MatrixError(f"cannot read the SKU catalogue {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise MatrixError(f"{path}: not UTF-8 (byte {e.start}): TOML files are UTF-8") from None
     except tomllib.TOMLDecodeError as e:
         raise MatrixError(f"{path}: not valid TOML: {e}") from e
-    defaults = doc.get("defaults", {})
+    defaults, tables = doc.get("defaults", {}), doc.get("sku", {})
+    if not isinstance(defaults, dict) or not isinstance(tables, dict):
+        raise MatrixError(f"{path}: [defaults] and [sku.NAME] must be tables (see manifests/skus.toml)")
     skus = {}
-    for name, t in doc.get("sku", {}).items():
+    for name, t in tables.items():
         where = f"{path}: [sku.{name}]"
         if not NAME_RE.match(name):
             raise MatrixError(f"{where}: a SKU name is lower-case letters, digits, '.', '_' or '-'")
@@ -86,7 +92,7 @@ def load_skus(path: str | Path) -> dict[str, Sku]:
         if not isinstance(image, str) or not image:
             raise MatrixError(f"{where}: no image: set image there or in [defaults]")
         gpu_name = t.get("gpu_name")
-        if gpu_name is not None and not isinstance(gpu_name, str):
+        if gpu_name is not None and (not isinstance(gpu_name, str) or not gpu_name):  # "" would be a CPU SKU
             raise MatrixError(f'{where}: gpu_name must be the name nvidia-smi reports, e.g. "NVIDIA H200"')
         skus[name] = Sku(
             name=name,
@@ -176,6 +182,10 @@ def entries(
         engine = doc.get("engine", {})
         if not isinstance(engine, dict):
             raise MatrixError(f"{f}: [engine] must be a table of vLLM engine args")
+        for arg in ("tensor_parallel_size", "pipeline_parallel_size"):  # they give the GPUs a build needs
+            value = engine.get(arg, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise MatrixError(f"{f}: engine.{arg} = {value!r}: give a whole number, at least 1")
         # The build must see as many GPUs as a serving pod: the fingerprint counts them.
         gpus = compat.gpus_needed({"engine": engine})
         for t in dict.fromkeys(targets):

@@ -140,6 +140,31 @@ def test_catalogue_errors_name_the_sku_and_field(tmp_path):
     assert matrix.find_catalogue([tmp_path / "a"]) == bad  # beside a models/ dir's parent
 
 
+@pytest.mark.parametrize(("catalogue", "said"), [
+    (b'sku = "h200"\n', "must be tables"),
+    (b'defaults = "x"\n[sku.h200]\nruns_on = ["x"]\nnode_selector = { a = "b" }\nimage = "i"\n', "must be tables"),
+    (b'# caf\xe9\n[sku.h200]\nruns_on = ["x"]\nnode_selector = { a = "b" }\nimage = "i"\n', "not UTF-8"),
+    (b'[sku.h200]\ngpu_name = ""\nruns_on = ["x"]\nnode_selector = { a = "b" }\nimage = "i"\n', "gpu_name"),
+])
+def test_a_malformed_catalogue_is_a_usage_error_for_matrix_and_for_the_nodes_fetch_all(tmp_path, catalogue, said):
+    """The DaemonSet's and the systemd unit's `fetch --all` read the catalogue too: a table that is a
+    string, or a byte that is not UTF-8, was a traceback there (and in CI's matrix), not the fix;
+    an empty gpu_name made a GPU SKU a CPU one."""
+    d = _recipes(tmp_path, one=(["h200"], 1))
+    (d / "skus.toml").write_bytes(catalogue)
+    for args in (["matrix", d], ["fetch", "--all", d, "--store", f"file://{tmp_path}", "--root-base", tmp_path / "r"]):
+        out = run_warmer(*args)
+        assert out.returncode == 2 and said in out.stderr and "Traceback" not in out.stderr, (args[0], out.stderr)
+
+
+@pytest.mark.parametrize("tp", ['"two"', "[2]", "0", "true"])
+def test_a_parallel_size_that_is_no_whole_number_is_a_usage_error_naming_the_recipe(tmp_path, tp):
+    d = _recipes(tmp_path, one=(["h200"], tp))
+    out = run_warmer("matrix", d)
+    assert out.returncode == 2 and "engine.tensor_parallel_size" in out.stderr and "one.toml" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def test_cli_github_format_is_one_line_for_github_output():
     out = run_warmer("matrix", "manifests/", "--format", "github")
     assert out.returncode == 0, out.stderr
