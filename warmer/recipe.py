@@ -16,6 +16,7 @@ TOML, with a `#:schema` line atop a recipe or a [[rule]] in .taplo.toml pointing
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import functools
 import hashlib
@@ -507,11 +508,28 @@ def _expand(value: str, where: str) -> str:
     return VAR_RE.sub(sub, value)
 
 
+def _dates(value: Any, at: KeyPath) -> Iterator[KeyPath]:
+    """Where value holds a TOML date or time (tomllib's datetime, date, time), at any depth: the
+    schema leaves the tables of object-typed engine args (hf_overrides, compilation_config) open."""
+    if isinstance(value, (datetime.date, datetime.time)):
+        yield at
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _dates(v, (*at, k))
+    elif isinstance(value, list):
+        for v in value:
+            yield from _dates(v, at)
+
+
 def _check_meaning(doc: dict[str, Any]) -> tuple[list[Problem], str | None]:
     """What the schema cannot say: the model's path or id, reserved env, env values an env file
     cannot carry. Returns the problems and the expanded model path. Only looks at values whose
     type the schema accepted."""
-    problems: list[Problem] = []
+    problems: list[Problem] = [
+        (at, f"{_dotted(at)} is a TOML date or time, which the key (JSON) and vLLM's args cannot hold: quote it", False)
+        for at in _dates(doc.get("engine"), ("engine",))
+        if len(at) > 2  # in an arg's table: the schema types the args themselves
+    ]
     path: str | None = None
     model = doc.get("model")
     if isinstance(model, dict):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, tiny_recipe
+from tests.conftest import REPO, run_warmer, tiny_recipe, write_tiny_recipe
 from warmer import recipe as recipe_module
 from warmer.components import cache_env
 from warmer.errors import UsageError
@@ -389,3 +389,16 @@ def test_observability_flags_are_not_taken_for_compile_key_changes():
 def test_a_recipe_path_that_is_a_directory_is_a_usage_error_naming_it(tmp_path):
     with pytest.raises(RecipeError, match=f"recipe {re.escape(str(tmp_path))} is a directory: give a recipe file"):
         load(tmp_path)
+
+
+def test_a_toml_date_inside_an_engine_args_table_is_said_at_its_line_on_fetch_and_pack(tmp_path):
+    """Valid TOML the schema leaves open (an object-typed arg's table): json.dumps of the key raised
+    a TypeError, a traceback in build and pack and "no artifact chosen: unexpected TypeError" (exit 0)
+    on every fetch, where every other bad recipe is a usage error at FILE:LINE:COL."""
+    f = write_tiny_recipe(tmp_path / "tiny.toml")
+    f.write_text(f.read_text().replace("[engine]\n", "[engine]\nhf_overrides = { released = 1979-05-27T00:32:00 }\n"))
+    for args in (["fetch", f, "--store", f"file://{tmp_path}", "--root", tmp_path / "root"],
+                 ["pack", tmp_path, "--recipe", f, "-o", tmp_path / "a.tar.zst"]):
+        out = run_warmer(*args)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert f"{f}:5:1: engine.hf_overrides.released is a TOML date or time" in out.stderr, out.stderr
