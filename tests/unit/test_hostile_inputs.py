@@ -167,6 +167,30 @@ def test_a_flashinfer_module_whose_build_file_is_not_text_is_judged_not_a_crash_
     assert "Traceback" not in doctor.stderr and "ninja would rebuild" in doctor.stdout, doctor.stderr
 
 
+def test_a_stray_byte_in_the_markers_file_list_is_no_marker_not_a_crash_loop(tmp_path, packed):
+    """Bit rot, or a pod that shares the hostPath: one byte of the active marker's file list that is
+    not UTF-8. serve and doctor crashed on it (the Deployment's vllm container in CrashLoopBackOff),
+    and fetch said "not activated" on every run and never replaced it. It is no marker now: serve
+    starts cold and says so, and the next fetch restores over it."""
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, packed("a").path)
+    recipe, root = write_tiny_recipe(tmp_path / "tiny.toml"), tmp_path / "root"
+    assert fetch.fetch(tiny_recipe(), store, root).status == "hit"
+    marker = root / restore.MARKER
+    data = marker.read_bytes()
+    at = data.index(b'"path":"') + len(b'"path":"')
+    marker.write_bytes(data[:at] + b"\xff" + data[at + 1:])
+
+    serve = run_warmer("serve", recipe, "--root", root, "--dry-run", env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert serve.returncode == 0 and "Traceback" not in serve.stderr, serve.stderr
+    assert f"no warmed cache is active in {root}" in serve.stderr, serve.stderr
+    doctor = run_warmer("doctor", "--root", root)
+    assert doctor.returncode in (0, 5) and "Traceback" not in doctor.stderr, doctor.stderr
+    again = run_warmer("fetch", recipe, "--store", store.url, "--root", root, "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["status"] == "hit", again.stderr
+    assert restore.active(root) is not None
+
+
 # -- fuzzing ----------------------------------------------------------------------------------
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -276,7 +276,13 @@ class FileList:
     def _walk(self, where: str | None = None) -> Iterator[FileEntry]:
         """The entries; with where, each one checked (a list parse could not take as canonical)."""
         if not self._canonical:
-            for i, d in enumerate(json.loads(self.json())):
+            try:  # bytes from a marker or a store: a stray byte is their fault, said as such
+                items = json.loads(self.json())
+            except ValueError as e:
+                raise InvalidDocument(f"{where or 'the file list'}: not JSON ({e})") from None
+            if not isinstance(items, list):
+                raise InvalidDocument(f"{where or 'the file list'}: not a list of files")
+            for i, d in enumerate(items):
                 yield FileEntry._well_formed(d) or FileEntry.from_json(Fields(d, f"{where}[{i}]"))
             return
         for piece in self.pieces():
