@@ -822,6 +822,21 @@ def cold_root(recipe: str, uid: int) -> Path:
     return Path(tempfile.gettempdir()) / f"warmer-cold-{recipe}-{uid}"
 
 
+def own_cold_root(recipe: str) -> Path:
+    """cold_root for this process's user, readied: made by it (0700), or found as it makes it. A
+    directory of that name that another user made first (a shared /tmp: the systemd path) would
+    hold the kernels vLLM loads and runs, so a fresh one of a random name is taken instead."""
+    path = cold_root(recipe, os.geteuid())
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        st = os.lstat(path)
+        if not (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077):
+            path = Path(tempfile.mkdtemp(prefix=f"{path.name}-"))
+    prepare(path)
+    return path
+
+
 def _extract(
     art: Artifact,
     open_archive,

@@ -227,9 +227,7 @@ def plan(
             problem = f"cannot make its cache directories ({e.strerror}: {e.filename or root})"
     given = dict(env_file.vars) if env_file is not None else {}
     if problem is not None:  # vLLM writes lock files into the root even on a full hit: it would crash
-        cold = restore.cold_root(recipe.name, os.geteuid())
-        cold.mkdir(mode=0o700, parents=True, exist_ok=True)
-        restore.prepare(cold)
+        cold = restore.own_cold_root(recipe.name)
         if not root.exists():  # a mistyped --root, or no fetch: nothing to chown
             warnings.append(
                 f"no warmed cache is active in {root}: it does not exist (is --root mistyped, or did "

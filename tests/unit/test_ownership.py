@@ -50,13 +50,13 @@ def node(shared, packed):
     return {"store": f"file://{store}", "recipe": recipe, "home": home, "base": shared / "cache"}
 
 
-def warmer(*args, uid: int | None = None, home: Path | None = None) -> subprocess.CompletedProcess:
-    return python("-m", "warmer", *args, uid=uid, home=home)
+def warmer(*args, uid: int | None = None, home: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+    return python("-m", "warmer", *args, uid=uid, home=home, **env)
 
 
-def python(*args, uid: int | None = None, home: Path | None = None) -> subprocess.CompletedProcess:
+def python(*args, uid: int | None = None, home: Path | None = None, **more: str) -> subprocess.CompletedProcess:
     argv = [sys.executable, *map(str, args)]
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **more}
     if uid is not None:
         argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=+dac_read_search",
                 "--ambient-caps=+dac_read_search", *argv]
@@ -96,6 +96,36 @@ def test_a_root_owned_root_is_never_handed_to_vllm(node):
     [finding] = [f for f in json.loads(doctor.stdout)["findings"] if f["check"] == "ownership"]
     assert finding["severity"] == "error" and f"uid {SERVING}" in finding["what"]
     assert f"chown -R {SERVING}:{SERVING} {root}" in finding["fix"]
+
+
+def test_a_cold_directory_another_user_made_first_in_a_shared_tmp_is_not_taken(node, shared):
+    """The systemd path shares /tmp: uid 2000 makes warmer-cold-tiny-1000 there first, world-writable.
+    serve, as uid 1000 on a root it cannot write, pointed vLLM's Inductor and Triton caches (kernels
+    it loads and runs) into it. It takes a fresh directory of its own instead."""
+    tmp = shared / "tmp"
+    tmp.mkdir(mode=0o1777)
+    tmp.chmod(0o1777)
+    planted = tmp / "warmer-cold-tiny-1000"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)
+    os.chown(planted, 2000, 2000)
+    root = node["base"] / "tiny"
+    assert warmer("fetch", node["recipe"], "--store", node["store"], "--root", root).returncode == 0  # root's
+
+    served = warmer("serve", node["recipe"], "--root", root, "--dry-run", uid=SERVING, home=node["home"],
+                    TMPDIR=str(tmp))
+    assert served.returncode == 0, served.stderr
+    cold = Path(env_of(served)["TORCHINDUCTOR_CACHE_DIR"]).parent
+    assert cold.parent == tmp and cold != planted and cold.name.startswith("warmer-cold-tiny-1000-"), cold
+    st = os.lstat(cold)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (SERVING, 0o700)
+    assert not any(planted.iterdir())
+
+    planted.rmdir()  # gone: serve makes the directory of that name, as its own
+    again = warmer("serve", node["recipe"], "--root", root, "--dry-run", uid=SERVING, home=node["home"],
+                   TMPDIR=str(tmp))
+    assert Path(env_of(again)["TORCHINDUCTOR_CACHE_DIR"]).parent == planted, again.stderr
+    assert (os.lstat(planted).st_uid, stat.S_IMODE(os.lstat(planted).st_mode)) == (SERVING, 0o700)
 
 
 def test_owner_hands_the_restored_root_to_the_serving_user(node):
