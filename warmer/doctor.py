@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import socket
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
@@ -61,6 +62,12 @@ HASHED_PER_HOST = {
 HASHED_BEFORE = {
     "VLLM_NIXL_SIDE_CHANNEL_HOST": "vLLM releases before the fix for ai-dynamo/dynamo#10695 hash it (0.32 ignores it)",
 }
+# The variables Kubernetes sets in every pod for each Service of its namespace (a Service named
+# vllm-llama-3-1-8b gives VLLM_LLAMA_3_1_8B_SERVICE_HOST=10.96.14.7, ..._PORT=tcp://...): vLLM hashes
+# only the variables it knows (envs.py compile_factors), and it knows none of these.
+SERVICE_LINK = re.compile(
+    r"[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)?)"
+)
 # vLLM's ignore list, the entries that look per-host: never a finding.
 IGNORED_BY_VLLM = {
     "VLLM_HOST_IP",
@@ -337,7 +344,7 @@ def _per_pod_env(env: dict[str, str], hostnames: AbstractSet[str]) -> list[Findi
                     "VLLM_HOST_IP, which vLLM does not hash",
                 )
             )
-        elif name.startswith("VLLM_") and pod:
+        elif name.startswith("VLLM_") and pod and not SERVICE_LINK.fullmatch(name):
             out.append(
                 Finding(
                     WARNING,

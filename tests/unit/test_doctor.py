@@ -170,6 +170,18 @@ def test_flashinfer_workspace_is_only_a_warning_where_flashinfer_is_not_installe
 
 # --- env values that change vLLM's compile key per pod ---------------------------------------------
 
+def test_kubernetes_service_links_of_a_vllm_service_are_not_per_pod_findings():
+    """The shipped Deployment's Service vllm-llama-3-1-8b: Kubernetes puts its address in every pod
+    as VLLM_LLAMA_3_1_8B_SERVICE_HOST and friends, which vLLM does not know and so never hashes;
+    doctor warned of each on every pod. An unknown VLLM_* variable holding an IP is still said."""
+    links = {"VLLM_LLAMA_3_1_8B_SERVICE_HOST": "10.96.14.7", "VLLM_LLAMA_3_1_8B_SERVICE_PORT": "8000",
+             "VLLM_LLAMA_3_1_8B_SERVICE_PORT_HTTP": "8000", "VLLM_LLAMA_3_1_8B_PORT": "tcp://10.96.14.7:8000",
+             "VLLM_LLAMA_3_1_8B_PORT_8000_TCP": "tcp://10.96.14.7:8000",
+             "VLLM_LLAMA_3_1_8B_PORT_8000_TCP_ADDR": "10.96.14.7"}
+    result = doctor.diagnose({**cache_env_under(ROOT), **links, "VLLM_MY_PORTAL_ADDR": "10.0.0.9"}, sample("hostpath"))
+    assert [f.subject for f in by(result, check="per-pod-env")] == ["VLLM_MY_PORTAL_ADDR"]
+
+
 def test_pod_ip_in_a_hashed_var_is_an_error_and_ignored_vars_are_fine():
     env = {**cache_env_under(ROOT), "VLLM_P2P_SIDE_CHANNEL_HOST": "10.42.3.17", "VLLM_HOST_IP": "10.42.3.17",
            "VLLM_PORT": "8000", "VLLM_DP_MASTER_IP": "10.42.0.5"}
