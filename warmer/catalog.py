@@ -367,6 +367,14 @@ class Collection:
         }
 
 
+def _kept_per(fp) -> tuple:
+    """What gc keeps N artifacts of: a machine kind, and on vLLM's CPU backend the instruction set
+    too (compat's hard cpu.isa and cpu.aten_capability): an AVX2 fleet's only artifact is not pushed
+    out by an AVX-512 fleet's newer builds, which it cannot use."""
+    cpu = () if fp.gpu.count else (fp.cpu.isa, fp.cpu.aten_capability)
+    return (fp.machine_kind(), *cpu)
+
+
 def gc(
     store: Store, keep: int, *, older_than_days: float | None = None, dry_run: bool = False, now: datetime | None = None
 ) -> Collection:
@@ -388,9 +396,9 @@ def gc(
             f"tell which blob it needs: remove it with `warmer rm {store.url}/index/{u.recipe}/{u.key}` "
             f"({len(unreadable)} unreadable in all)"
         )
-    groups: dict[tuple[str, str], list[IndexEntry]] = defaultdict(list)
+    groups: dict[tuple, list[IndexEntry]] = defaultdict(list)
     for e in entries:
-        groups[(e.recipe, e.artifact.fingerprint.machine_kind())].append(e)
+        groups[(e.recipe, *_kept_per(e.artifact.fingerprint))].append(e)
     drop: list[IndexEntry] = []
     for group in groups.values():
         group.sort(key=lambda e: (e.published_at, e.key), reverse=True)

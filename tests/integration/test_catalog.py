@@ -25,7 +25,8 @@ NOW = datetime.now(timezone.utc).replace(microsecond=0)
 # The node each GPU name stands for (None: a CPU host, vLLM's CPU backend).
 NODES = {"NVIDIA H200": lambda: nodes.gpu_node("h200"),
          "NVIDIA H100 80GB HBM3": lambda: nodes.gpu_node("h100-sxm"),
-         None: lambda: nodes.cpu_node("intel-sapphire-rapids")}
+         None: lambda: nodes.cpu_node("intel-sapphire-rapids"),
+         "AVX2 CPU": lambda: nodes.cpu_node("intel-broadwell")}
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -98,6 +99,18 @@ def test_gc_keeps_the_newest_n_per_recipe_and_machine_kind(store, fleet):
     blobs = {b.sha256 for b in store.list_blobs()}
     assert blobs == {fleet[n].blob.sha256 for n in fleet if fleet[n].key in kept}
     assert catalog.gc(store, 2).deleted_entries == ()  # and then there is nothing more to do
+
+
+def test_gc_keeps_an_avx2_fleets_only_artifact_beside_an_avx512_fleets_newer_ones(store, fleet, tmp_path):
+    """vLLM's CPU backend: an AVX2 host's key differs from an AVX-512 host's (cpu.isa is hard: the
+    other's kernels gave wrong numbers or crashed), the machine kind is x86_64/cpu for both. gc
+    --keep 1 deleted the AVX2 fleet's only artifact for the AVX-512 fleet's newer builds."""
+    avx2 = publish(store, tmp_path, "other", "AVX2 CPU", 30)
+    assert avx2.artifact.fingerprint.machine_kind() == fleet["cpu-18"].artifact.fingerprint.machine_kind()
+    done = catalog.gc(store, 1)
+    assert {e.key for e in done.deleted_entries} == {fleet[n].key for n in ("h200-10", "h200-5", "h200-1",
+                                                                              "cpu-20", "cpu-19")}
+    assert avx2.key in {k for _, k in store.list_index()}
 
 
 def test_gc_older_than_spares_recent_artifacts(store, fleet):
