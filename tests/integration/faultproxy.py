@@ -35,9 +35,12 @@ ERRORS = {"503": (503, "Slow Down", "SlowDown", "Please reduce your request rate
 #   stall         take the request and never answer (the connection stays open until the proxy closes)
 #   trickle       forward; send the true headers, then the body TRICKLE bytes at a time, TRICKLE_S apart
 #   ignore-range  forward without the Range header: 200 and the whole object, as a proxy that ignores it
-ACTIONS = {"503", "500", "reset", "reset-after", "truncate", "short", "corrupt", "stall", "trickle", "ignore-range"}
+#   slow          wait SLOW_S, then forward: a slow link that still moves (no read timeout of 1 s trips)
+ACTIONS = {"503", "500", "reset", "reset-after", "truncate", "short", "corrupt", "stall", "trickle", "ignore-range",
+           "slow"}
 BODY_ACTIONS = {"reset-after", "truncate", "short", "corrupt", "trickle"}  # need the whole answer first
 TRICKLE, TRICKLE_S = 4, 0.25  # 16 bytes a second: a store that never times out a read and never ends
+SLOW_S = 0.7
 CHUNK = 256 << 10
 
 
@@ -179,6 +182,8 @@ class FaultProxy:
                 continue
             if action == "ignore-range":
                 headers = [(k, v) for k, v in headers if k.lower() != "range"]
+            if action == "slow":
+                time.sleep(SLOW_S)  # the link's delay: nothing signals it, it is the fault itself
             if self._throttle and action not in BODY_ACTIONS:  # a link: streamed through, not held whole
                 self._stream(sock, method, target, headers, body)
                 continue

@@ -113,6 +113,7 @@ class FileStore(Store):
             with open(path, "rb") as src:
                 while chunk := src.read(CHUNK):
                     out.write(chunk)
+                    self.deadline.check(f"copying blob {sha256[:12]} to {self.url}")  # a slow NFS mount
 
         self._create_once(self._blob(sha256), copy)
 

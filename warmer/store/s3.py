@@ -291,6 +291,12 @@ class S3Store(Store):
     def _upload_blob(self, path: str, sha256: str) -> None:
         key = self.prefix + blob_path(sha256)
         bar = Progress(f"upload {sha256[:12]}", os.path.getsize(path)) if self.progress else None
+
+        def moved(n: int) -> None:  # s3transfer's progress, from its threads: past the deadline, it stops
+            if bar:
+                bar(n)
+            self.deadline.check(f"uploading blob {sha256[:12]} to {self.url}")
+
         try:
             with self._errors("upload", key):
                 self._client.upload_file(
@@ -298,7 +304,7 @@ class S3Store(Store):
                     self.bucket,
                     key,
                     Config=self._transfer,
-                    Callback=bar,
+                    Callback=moved,
                     ExtraArgs={"ContentType": "application/zstd"},
                 )
         finally:
