@@ -23,13 +23,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from warmer import compat, explain, fingerprint, restore, serving, signing
 from warmer.artifact import Artifact, Layer
 from warmer.compat import Decision
-from warmer.deadline import Deadline
+from warmer.deadline import Deadline, DeadlineExceeded
 from warmer.entry import EntrySchemaError, IndexEntry
 from warmer.envfile import EnvFile
 from warmer.errors import StoreError, Terminated, UntrustedInput, UsageError
@@ -226,17 +227,22 @@ def _nothing_for(
         warnings.append(f"no nearest artifact to show: {e}")
     if found:
         nearest = explain.Nearest(found[0].key, found[0].accepted, tuple(found[0].differences()))
-    best = max(found, key=lambda c: (c.fitting_bytes, c.published_at), default=None)
-    if best is not None and best.fitting_bytes:
+    # Best first; one that fails its trust (an unsigned entry beside signed ones) leaves the next.
+    for best in sorted(found, key=lambda c: (c.fitting_bytes, c.published_at), reverse=True):
+        if not best.fitting_bytes:
+            break
         try:  # read again, now with the trusted keys: its signature first
-            raw = deadline.call(lambda: store.get_index(recipe.name, best.key), f"reading {best.key[:16]}")
+            raw = deadline.call(partial(store.get_index, recipe.name, best.key), f"reading {best.key[:16]}")
             entry = IndexEntry.read(raw or b"", recipe.name, best.key, trusted_keys)
+        except DeadlineExceeded as e:
+            warnings.append(f"no partial hit from {best.key[:16]}: {e}")
+            break
         except (StoreError, UntrustedInput) as e:
             warnings.append(f"no partial hit from {best.key[:16]}: {e}")
-        else:
-            part = _part_of(entry, recipe, node, key, nearest=nearest)
-            if part is not None:
-                return part
+            continue
+        part = _part_of(entry, recipe, node, key, said=tuple(warnings), nearest=nearest)
+        if part is not None:
+            return part
     warnings.append(f"no artifact for recipe {recipe.name} and this node (key {key[:16]}): vLLM will compile from cold")
     return Choice(key, "miss", nearest=nearest, warnings=tuple(warnings))
 

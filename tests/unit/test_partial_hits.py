@@ -174,3 +174,29 @@ def test_a_nodes_own_whole_artifact_is_kept_when_its_entry_is_gone_not_replaced_
     assert restore.active(root).artifact.key == own.key and restore.active(root).components is None
     assert all((root / rel).read_bytes() == data for rel, data in files.items() if rel.startswith(("inductor/", "vllm/")))
     assert again.env.vars["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
+
+
+def test_an_untrusted_newer_candidate_does_not_hide_a_signed_partial_hit(tmp_path):
+    """A node with --trusted-key and no build of its own: the store holds an H100 SXM build signed by
+    the builder and, newer, an unsigned H100 PCIe build (another pipeline's, or planted by anyone who
+    may write the store). Only the best candidate was tried: the unsigned one was refused and the
+    node missed. The next one is tried, and the signed SXM build's layers are restored."""
+    from tests.unit.test_signing import _keypair
+
+    private, public = _keypair(tmp_path, "builder")
+    store = open_store(f"file://{tmp_path / 'store'}")
+    for sku, signed in (("h100-sxm", True), ("h100-pcie", False)):
+        src = tmp_path / "root"  # both built at the root the node serves from (CI's /cache/RECIPE)
+        make_cache_tree(src)
+        for rel, data in SHARED.items():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            (src / rel).write_bytes(data + (b"pcie" * 500 if not signed else b""))  # the unsigned one weighs more
+        built = fingerprint.probe(root=src, model="/models/tiny").with_gpus(_gpus(sku))
+        build.pack_root(src, tiny_recipe(), tmp_path / f"{sku}.tar.zst", fp=built)
+        build.publish(store, tmp_path / f"{sku}.tar.zst", str(private) if signed else None)
+        shutil.rmtree(src)
+
+    got = fetch.fetch(tiny_recipe(), store, tmp_path / "root", gpus=_gpus("h200"), trusted_keys=[public])
+    assert got.status == "partial" and {"flashinfer", "triton"} <= set(got.components), got.warnings
+    assert got.signed_by is not None
+    assert any("unsigned" in w for w in got.warnings), got.warnings  # the one passed over is said
