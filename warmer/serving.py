@@ -137,6 +137,24 @@ UNHASHED_ENGINE_ARGS = {
     "enable_logging_iteration_details",
     "jit_monitor_mode",
     "jit_monitor_verbose",
+    # Memory and transport knobs on the ignore lists of CacheConfig's, ParallelConfig's and
+    # ModelConfig's compute_hash, and LoadConfig's (which hashes nothing): `--gpu-memory-utilization
+    # 0.9` in a serve command is no cold start. tests/unit/test_serve_plan.py builds vLLM's config
+    # with each of these set and checks that its hash does not move.
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "num_gpu_blocks_override",
+    "enable_prefix_caching",
+    "prefix_caching_hash_algo",
+    "tokenizer_revision",
+    "distributed_executor_backend",
+    "disable_custom_all_reduce",
+    "max_parallel_loading_workers",
+    "ignore_patterns",
+    "model_loader_extra_config",
+    "pt_load_map_location",
+    "safetensors_load_strategy",
+    "use_tqdm_on_load",
 }
 
 

@@ -35,11 +35,12 @@ SPELLINGS = [
     (["-cc", '{"mode": 0}'], ["-cc"]),
     (["--max-num-seq", "8"], ["--max-num-seq"]),  # argparse takes a unique prefix
     (["--max_num_seqs=8"], ["--max_num_seqs"]),
-    (["--no-enable-prefix-caching"], ["--no-enable-prefix-caching"]),
+    (["--no-enable-chunked-prefill"], ["--no-enable-chunked-prefill"]),
     (["-ep"], ["-ep"]),
     (["--port", "8000", "--host=0.0.0.0", "--uds", "/tmp/v.sock", "--api-key", "k"], []),
     (["-asc", "2", "--served-model-name", "x", "--seed", "-1", "--disable-log-stats"], []),
     (["--jit-monitor-mode", "warn", "--jit-monitor-verbose", "--uvicorn-log-level", "debug"], []),
+    (["--gpu-memory-utilization", "0.9", "--no-enable-prefix-caching", "--distributed-executor-backend", "mp"], []),
 ]
 
 
@@ -133,6 +134,74 @@ def test_the_flags_caught_are_those_vllm_reads_as_a_hashed_arg(vllm_parsed):
         got = vllm_parsed[tuple(extra)]
         assert "exit" not in got, (extra, got)
         assert bool(set(got["set"]) & hashed) == bool(serving.hashed_extra_flags(extra)), (extra, got["set"])
+
+
+# Each unhashed engine arg set to a value other than its default, as a serve command would.
+UNHASHED_PROBES = {
+    "served_model_name": ["--served-model-name", "x"], "seed": ["--seed", "7"],
+    "disable_log_stats": ["--disable-log-stats"], "enable_log_requests": ["--enable-log-requests"],
+    "tokenizer_mode": ["--tokenizer-mode", "slow"], "hf_token": ["--hf-token", "abc"],
+    "download_dir": ["--download-dir", "/tmp/warmer-unused"], "load_format": ["--load-format", "safetensors"],
+    "show_hidden_metrics_for_version": ["--show-hidden-metrics-for-version", "0.31"],
+    "otlp_traces_endpoint": ["--otlp-traces-endpoint", "http://collector:4317"],
+    "kv_cache_metrics": ["--kv-cache-metrics"], "enable_mfu_metrics": ["--enable-mfu-metrics"],
+    "jit_monitor_mode": ["--jit-monitor-mode", "warn"], "jit_monitor_verbose": ["--jit-monitor-verbose"],
+    "gpu_memory_utilization": ["--gpu-memory-utilization", "0.5"],
+    "kv_cache_memory_bytes": ["--kv-cache-memory-bytes", "1000000"],
+    "num_gpu_blocks_override": ["--num-gpu-blocks-override", "100"],
+    "enable_prefix_caching": ["--no-enable-prefix-caching"],
+    "prefix_caching_hash_algo": ["--prefix-caching-hash-algo", "sha256"],
+    "tokenizer_revision": ["--tokenizer-revision", "main"],
+    "distributed_executor_backend": ["--distributed-executor-backend", "mp"],
+    "disable_custom_all_reduce": ["--disable-custom-all-reduce"],
+    "max_parallel_loading_workers": ["--max-parallel-loading-workers", "2"],
+    "ignore_patterns": ["--ignore-patterns", "extra/*"],
+    "model_loader_extra_config": ["--model-loader-extra-config", "{}"],
+    "pt_load_map_location": ["--pt-load-map-location", "cpu"],
+    "safetensors_load_strategy": ["--safetensors-load-strategy", "eager"],
+    "use_tqdm_on_load": ["--no-use-tqdm-on-load"],
+}
+# Names only, or needing a set-up of their own (tracing, speculative decoding, multimodal inputs).
+UNPROBED = {"tokenizer", "collect_detailed_traces", "per_request_spec_decode_metrics", "kv_cache_metrics_sample",
+            "custom_histogram_buckets", "cudagraph_metrics", "enable_layerwise_nvtx_tracing",
+            "enable_mm_processor_stats", "enable_logging_iteration_details"}
+HASH = """
+import json, os, sys
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+model, argvs = sys.argv[1], json.loads(sys.stdin.read())
+parser = make_arg_parser(FlexibleArgumentParser())
+def key(extra):
+    args = parser.parse_args(["--model", model, "--max-model-len", "128", *extra])
+    return AsyncEngineArgs.from_cli_args(args).create_engine_config().compute_hash()
+base = key([])
+print(json.dumps([key(a) != base for a in argvs]))
+"""
+
+
+def test_the_unhashed_engine_args_leave_vllms_compile_key_as_it_is(tmp_path):
+    """vLLM's own VllmConfig.compute_hash, on the tiny model, with each arg warmer lets through
+    (a serve command's --gpu-memory-utilization 0.9 was called a cold start, and --require-hit
+    refused to start); two that vLLM does hash move it, so the probe can tell."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed: pip install -e .[cpu]")
+    import subprocess
+
+    assert set(UNHASHED_PROBES) | UNPROBED == serving.UNHASHED_ENGINE_ARGS
+    model = tmp_path / "tiny"
+    made = subprocess.run([sys.executable, "-m", "warmer.tinymodel", str(model)], capture_output=True, text=True,
+                          timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    argvs = [*UNHASHED_PROBES.values(), ["--max-num-seqs", "3"], ["--enforce-eager"]]
+    out = subprocess.run([sys.executable, "-c", HASH, str(model)], input=json.dumps(argvs), capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    *unhashed, seqs, eager = json.loads(out.stdout.splitlines()[-1])
+    assert seqs and eager, "the probe cannot tell a hashed arg"
+    moved = [name for name, changed in zip(UNHASHED_PROBES, unhashed, strict=True) if changed]
+    assert not moved, f"vLLM hashes {moved}: not what was warmed"
+    assert not serving.hashed_extra_flags(["--gpu-memory-utilization", "0.9", "--no-enable-prefix-caching"])
 
 
 # --- the CLI ----------------------------------------------------------------------------------
