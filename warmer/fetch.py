@@ -133,9 +133,19 @@ class Choice:
         )
 
 
-def choose(store: Store, recipe: Recipe, node: Fingerprint, *, trusted_keys: tuple = (), deadline: Deadline) -> Choice:
+def choose(
+    store: Store,
+    recipe: Recipe,
+    node: Fingerprint,
+    *,
+    trusted_keys: tuple = (),
+    deadline: Deadline,
+    root: str | None = None,
+) -> Choice:
     """One index lookup under this node's key, the entry's checks (its signature first), and the
-    fit of its artifact to this node. A store that fails or is slow is a miss, said in one line."""
+    fit of its artifact to this node. A store that fails or is slow is a miss, said in one line.
+    root: where a partial hit would be restored (_at_root), to pass over candidates of which
+    nothing fits there."""
     key = compat.key(node, recipe.identity())
     unfit = compat.unfit_reasons(node)
     if unfit:  # no artifact fits this node: do not even look
@@ -148,7 +158,7 @@ def choose(store: Store, recipe: Recipe, node: Fingerprint, *, trusted_keys: tup
     except (StoreError, UntrustedInput) as e:  # an unreachable store is a slow start too, not a failed pod
         return Choice(key, "miss", warnings=(f"{e}; vLLM will compile from cold",))
     if raw is None:
-        return _nothing_for(store, recipe, node, key, deadline, trusted_keys)
+        return _nothing_for(store, recipe, node, key, deadline, trusted_keys, root)
     try:
         entry = IndexEntry.read(raw, recipe.name, key, trusted_keys)  # the signature first, then the rest
         del raw  # artifact.json's bytes again (8 MiB at 45,000 files): not held through the download
@@ -211,7 +221,7 @@ def _at_root(choice: Choice, root: str) -> Choice:
 
 
 def _nothing_for(
-    store: Store, recipe: Recipe, node: Fingerprint, key: str, deadline: Deadline, trusted_keys: tuple
+    store: Store, recipe: Recipe, node: Fingerprint, key: str, deadline: Deadline, trusted_keys: tuple, root: str | None
 ) -> Choice:
     """The store has no entry under this key: a partial hit from the artifact of this recipe whose
     fitting components weigh the most, or a miss that names the nearest artifact and why it missed."""
@@ -241,6 +251,11 @@ def _nothing_for(
             warnings.append(f"no partial hit from {best.key[:16]}: {e}")
             continue
         part = _part_of(entry, recipe, node, key, said=tuple(warnings), nearest=nearest)
+        if part is not None and root is not None:
+            part = _at_root(part, root)
+            if part.status is not None:  # built at another root: nothing of it fits here
+                warnings.append(part.warnings[-1])
+                continue
         if part is not None:
             return part
     warnings.append(f"no artifact for recipe {recipe.name} and this node (key {key[:16]}): vLLM will compile from cold")
@@ -280,7 +295,7 @@ def fetch(
     check = _RecipeCheck(recipe)
     node = check.around(lambda: _node(recipe, gpus))
     try:
-        choice = choose(store, recipe, node, trusted_keys=tuple(trusted_keys), deadline=deadline)
+        choice = choose(store, recipe, node, trusted_keys=tuple(trusted_keys), deadline=deadline, root=str(root))
     except (KeyboardInterrupt, SystemExit, Terminated, UsageError):
         raise
     except Exception as e:  # a bug or an unforeseen store answer: still a slow start, said

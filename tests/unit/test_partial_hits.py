@@ -200,3 +200,24 @@ def test_an_untrusted_newer_candidate_does_not_hide_a_signed_partial_hit(tmp_pat
     assert got.status == "partial" and {"flashinfer", "triton"} <= set(got.components), got.warnings
     assert got.signed_by is not None
     assert any("unsigned" in w for w in got.warnings), got.warnings  # the one passed over is said
+
+
+def test_a_newer_candidate_built_at_another_root_does_not_hide_one_built_at_this_root(sxm_store, tmp_path):
+    """An H200 node with no build of its own: the SXM build was made at the root it serves from, a
+    newer and larger PCIe build at another path. FlashInfer's and Triton's files hold absolute
+    paths, so nothing of the PCIe build fits at this root; it was the only candidate tried, and the
+    node missed. The SXM build's layers are restored now."""
+    store, _ = sxm_store
+    elsewhere = tmp_path / "elsewhere"
+    make_cache_tree(elsewhere)
+    for rel, data in SHARED.items():
+        (elsewhere / rel).parent.mkdir(parents=True, exist_ok=True)
+        (elsewhere / rel).write_bytes(data * 3)
+    built = fingerprint.probe(root=elsewhere, model="/models/tiny").with_gpus(_gpus("h100-pcie"))
+    build.pack_root(elsewhere, tiny_recipe(), tmp_path / "pcie.tar.zst", fp=built)
+    pcie = build.publish(store, tmp_path / "pcie.tar.zst")
+
+    got = fetch.fetch(tiny_recipe(), store, tmp_path / "root", gpus=_gpus("h200"))
+    assert got.status == "partial" and {"flashinfer", "triton"} <= set(got.components), got.warnings
+    assert restore.active(tmp_path / "root").artifact.key != pcie.key
+    assert any(f"no layer of {pcie.key[:16]} fits at this root" in w for w in got.warnings), got.warnings
