@@ -235,6 +235,11 @@ def plan(
     (vLLM's own key among it)."""
     marker = restore.active(root)
     warnings = []
+    if root.is_symlink():  # fetch and restore refuse such a root; a pod that got one still starts
+        warnings.append(
+            f"the root {root} is a symlink to {os.path.realpath(root)}: FlashInfer's ninja rebuilds what it "
+            "reaches through a link; pass the real path as --root"
+        )
     problem = restore.unwritable(root)
     if problem is not None and marker is not None and restore.unwritable(root, creatable=True) is None:
         # A cache directory missing from an active root, where this user may make it (readied by an

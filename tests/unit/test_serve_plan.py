@@ -244,3 +244,15 @@ def test_an_active_root_missing_a_cache_directory_of_this_warmer_is_served_not_s
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["env"]["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
     assert newer.is_dir() and "not writable" not in out.stderr
+
+
+def test_a_root_that_is_a_symlink_is_served_with_the_warning_doctor_gives(tmp_path, packed):
+    """fetch and restore refuse a symlink as --root; serve started from one without a word (doctor
+    called it an error): FlashInfer's ninja rebuilds what it reaches through a link."""
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    real, link = tmp_path / "real", tmp_path / "link"
+    restore.restore_file(packed("a").path, real)
+    link.symlink_to(real)
+    out = run_warmer("serve", recipe, "--root", link, "--dry-run", env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert f"the root {link} is a symlink to {real}" in out.stderr and "pass the real path" in out.stderr
