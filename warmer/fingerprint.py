@@ -700,7 +700,7 @@ def _tool_version(argv: list[str], pattern: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _nvcc(home: str | None) -> str | None:
+def nvcc_version(home: str | None) -> str | None:
     """The version of the nvcc FlashInfer would run: $CUDA_HOME/bin/nvcc, else the one on PATH."""
     nvcc = str(Path(home, "bin", "nvcc")) if home else None
     if not nvcc or not os.path.exists(nvcc):
@@ -729,7 +729,7 @@ def probe(*, root: str | os.PathLike[str] | None = None, model: str | None = Non
     packages = _package_versions()
     torch_cuda = _torch_cuda()
     home = cuda_home(os.environ)
-    nvcc = _nvcc(home)
+    nvcc = nvcc_version(home)
     return Fingerprint(
         machine=platform.machine(),
         os=platform.system(),

@@ -53,8 +53,11 @@ MAX_UNITS_BYTES = 64 << 20
 
 def key(contract: flashinfer.FlashInferContract) -> str:
     """What every module's compile command depends on, but the workspace itself: FlashInfer's,
-    tvm-ffi's and Python's paths, CUDA_HOME, ninja and the compile-affecting env."""
+    tvm-ffi's and Python's paths, CUDA_HOME, nvcc's version, ninja and the compile-affecting env
+    (a contract without nvcc, as before it was recorded, keys as it did)."""
     doc = {k: v for k, v in contract.to_json().items() if k not in ("workspace_base", "modules", "links")}
+    if doc.get("nvcc") is None:
+        doc.pop("nvcc", None)
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -3,6 +3,7 @@ build and serve FlashInfer in one workspace per key, so a second recipe takes th
 first one restored, downloading nothing for them. Real pack, real file store, real restore; the
 first test builds its module for real with nvcc (sm_90a), the others use module-shaped files."""
 
+import json
 import os
 import shutil
 import sys
@@ -477,3 +478,29 @@ def test_a_root_restore_hands_nothing_outside_the_workspace_to_the_owner_through
     fetch.fetch(recipe("b"), store, base / "b", owner=(1000, 1000))
     assert pods.is_symlink()  # the pod did swap it
     assert os.stat(outside / "shadow").st_uid == 0
+
+
+def test_two_toolkits_at_one_cuda_home_path_get_workspaces_of_their_own(tmp_path):
+    """Two images on one node, nvcc 12.9 and 13.0 both at /usr/local/cuda, the same FlashInfer: one
+    workspace key, so each recipe's fetch took the other's modules as its own (a clean dry run), and
+    vLLM loaded a .so built by the other toolkit (another CUDA runtime) or rebuilt it on every start.
+    nvcc's version is in the key: a workspace of each."""
+    if not HAS_FLASHINFER:
+        pytest.skip("flashinfer-python is not installed")
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    nvcc = home / "bin" / "nvcc"
+
+    def key_with(release: str) -> str:
+        nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.41'\n")
+        nvcc.chmod(0o755)
+        contract = flashinfer.contract(tmp_path / "root", {**os.environ, "CUDA_HOME": str(home)})
+        assert contract is not None and contract.nvcc == release
+        return workspace.key(contract)
+
+    assert key_with("12.9") != key_with("13.0") == key_with("13.0")
+    # An artifact's contract records it; one recorded before it was (no nvcc) keys as it did.
+    contract = flashinfer.contract(tmp_path / "root", {**os.environ, "CUDA_HOME": str(home)})
+    old = flashinfer.FlashInferContract(**{**vars(contract), "nvcc": None})
+    assert "nvcc" not in json.dumps({k: v for k, v in vars(old).items() if v is not None})
+    assert workspace.key(old) != workspace.key(contract)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from warmer.components.base import Check, Component, Held
 from warmer.finding import WARNING, Finding
-from warmer.fingerprint import cuda_home, installed_version, ninja_path_and_version, package_dir
+from warmer.fingerprint import cuda_home, installed_version, ninja_path_and_version, nvcc_version, package_dir
 from warmer.untrusted import Fields, InvalidDocument
 
 if TYPE_CHECKING:
@@ -165,6 +165,11 @@ class FlashInferContract:
     modules: tuple[str, ...] = ()
     # FlashInfer's links into its cubin dir (link under CACHE: target under its cubins/), re-made at restore
     links: dict[str, str] = field(default_factory=dict, hash=False)
+    # The nvcc that compiled the modules: FlashInfer picks flags by its version (cpp_ext.py
+    # get_cuda_version), and its .so files link its CUDA runtime. In the workspace's key, so that two
+    # images' toolkits at one CUDA_HOME path never share modules; not compared here (a node without
+    # nvcc loads restored modules; the flashinfer layer's fit rule compares it where both have one).
+    nvcc: str | None = None
 
     LABELS = {
         "workspace_base": "workspace real path (ninja keys on absolute paths; a symlink does not help)",
@@ -191,6 +196,7 @@ class FlashInferContract:
             env=f.str_map("env"),
             modules=f.str_list("modules"),
             links=_checked_links(f.str_map("links")) if f.doc.get("links") is not None else {},
+            nvcc=f.opt_text("nvcc", max_len=64),
         )
 
     def to_json(self) -> dict:
@@ -221,6 +227,7 @@ def contract(root: Path, env: dict) -> FlashInferContract | None:
         env={k: env[k] for k in COMPILE_ENV if k in env},
         modules=tuple(m.name for m in modules(root)),
         links=links(root),
+        nvcc=nvcc_version(cuda_home(env)),
     )
 
 
