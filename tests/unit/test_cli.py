@@ -228,6 +228,9 @@ def test_restore_refuses_another_recipes_env_unless_forced(tmp_path, packed):
     forced = run_warmer("restore", p.path, "--root", root, "--recipe", other, "--env-file", env_file, "--force")
     assert forced.returncode == 0, forced.stderr
     assert "--force" in forced.stderr and env_file.exists()
+    # -q is errors only: the warning that it restored anyway is not one (the logger's warnings got through)
+    quiet = run_warmer("restore", p.path, "--root", tmp_path / "root2", "--recipe", other, "--force", "-q")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
 
 
 def test_restore_writes_the_env_from_the_artifact_when_no_recipe_is_given(tmp_path, packed):
@@ -416,3 +419,24 @@ def test_help_shows_env_defaults_that_hold_a_percent_sign():
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     assert "now s3://bucket/a%20b" in text and "now /cache/%d" in text and "now 1000:%s" in text
+
+
+def test_a_fetch_whose_stderr_is_gone_still_writes_its_env_and_result(tmp_path, store_with_one):
+    """A log pipe that died (its reader gone) or stderr closed at start (`2>&-`): the fetch restored
+    its root, then died of the broken pipe on its report (SIGPIPE: no env file, nothing on stdout),
+    or wrote a traceback into stdout's JSON. What it says on stderr is at best now."""
+    store, _, _ = store_with_one
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    argv = [sys.executable, "-m", "warmer", "fetch", str(recipe), "--store", store.url, "--json"]
+    read, write = os.pipe()
+    os.close(read)  # no reader: every write to it fails with EPIPE
+    try:
+        gone = subprocess.run([*argv, "--root", str(tmp_path / "a"), "--env-file", str(tmp_path / "a.env")],
+                              stdout=subprocess.PIPE, stderr=write, text=True, cwd=REPO, timeout=120)
+    finally:
+        os.close(write)
+    assert gone.returncode == 0 and (tmp_path / "a.env").is_file()
+    assert json.loads(gone.stdout)["status"] == "hit"
+    closed = subprocess.run([*argv, "--root", str(tmp_path / "b")], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            timeout=120, preexec_fn=lambda: os.close(2))
+    assert closed.returncode == 0 and json.loads(closed.stdout)["status"] == "hit", closed.stdout

@@ -59,11 +59,20 @@ class Output:
 
     def say(self, text: str) -> None:
         if not self.quiet:
-            print(text, file=sys.stderr)
+            to_stderr(text)
 
     def warn(self, lines: Iterable[str]) -> None:
         for line in lines:
             self.say(f"warmer: warning: {line}")
+
+
+def to_stderr(text: str) -> None:
+    """A line on stderr, at best: a reader of stderr gone (a log pipe that died) or a full disk
+    must not stop a command whose work is done, a fetch whose env file is still to be written."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def store_options(args: argparse.Namespace, out: Output) -> dict:
@@ -377,8 +386,9 @@ def _given(argv: list[str]) -> ModuleType | None:
     return None
 
 
-def _log_to_stderr(quiet: bool) -> None:
-    """Progress and retry lines (the "warmer" logger) on stderr, unless quiet."""
+def _log_to_stderr(quiet: bool, json: bool = False) -> None:
+    """Progress and retry lines (the "warmer" logger) on stderr: with json its warnings alone, and
+    quiet (errors only) not even those."""
     logger = logging.getLogger("warmer")
     if not any(getattr(h, "warmer_cli", False) for h in logger.handlers):
         handler = logging.StreamHandler(sys.stderr)
@@ -386,7 +396,7 @@ def _log_to_stderr(quiet: bool) -> None:
         handler.warmer_cli = True  # type: ignore[attr-defined]  # marks ours: main runs again in tests
         logger.addHandler(handler)
         logger.propagate = False
-    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    logger.setLevel(logging.ERROR if quiet else logging.WARNING if json else logging.INFO)
 
 
 def _terminated(signum: int, frame: FrameType | None) -> NoReturn:
@@ -416,6 +426,9 @@ def _needs(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    for name in ("stdout", "stderr"):  # started with the fd closed (`2>&-`): Python left None there
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # for the process's life
     # Everything after a lone -- goes to vLLM as it is (warmer serve R --root D -- --port 8000).
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     ours = argv[: argv.index("--")] if "--" in argv else argv
@@ -425,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         parser(json_errors).error(f"`-- {' '.join(extra)}`: only `warmer serve` passes flags on (to vLLM)")
     args.extra = extra
     out = Output(json=getattr(args, "json", False), quiet=args.quiet)
-    _log_to_stderr(args.quiet or out.json)
+    _log_to_stderr(args.quiet, out.json)
     # SIGTERM becomes an exception in the main thread, so that what a command started (the vLLM
     # engine's process group, a staging directory) is cleaned up on the way out.
     signal.signal(signal.SIGTERM, _terminated)
@@ -482,7 +495,7 @@ def _exit_on_sigpipe() -> NoReturn:
 
 
 def _fail(args: argparse.Namespace, message: str, kind: str, code: int, report: Any = None) -> int:
-    print(f"warmer: {args.command}: {message}", file=sys.stderr)
+    to_stderr(f"warmer: {args.command}: {message}")
     if getattr(args, "json", False):
         doc: dict[str, Any] = {"error": message, "kind": kind, "exit_code": code}
         if hasattr(report, "to_json"):  # inside the one object: stdout stays one JSON document

@@ -113,12 +113,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
         owner=args.owner,
         **store_options(args, out),
     )
+    took = time.perf_counter() - t0
+    write_env(args, result.env)  # what the pod needs first; the words after it, at best
+    if args.metrics_file:
+        _write_metrics(args.metrics_file, [api.Outcome(result.recipe, result.root, result, took)], out)
     out.warn(result.warnings)
     out.say(report(result))
-    write_env(args, result.env)
-    if args.metrics_file:
-        took = time.perf_counter() - t0
-        _write_metrics(args.metrics_file, [api.Outcome(result.recipe, result.root, result, took)], out)
     out.emit(result)
     return EXIT_OK if args.require is None or result.holds(args.require) else EXIT_MISS
 
