@@ -43,6 +43,18 @@ def test_a_typo_in_a_node_setting_of_the_store_is_a_usage_error_before_anything_
     assert not (tmp_path / "root").exists()
 
 
+def test_an_env_file_in_a_directory_that_is_not_there_is_a_usage_error_before_the_fetch(tmp_path, packed):
+    """`--env-file /run/warmer-typo/vllm.env`: found when the file was written, after the download and
+    the restore, it failed the init container (exit 1) on every restart, its root warmed each time."""
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, packed("a").path)
+    recipe, typo = write_tiny_recipe(tmp_path / "tiny.toml"), tmp_path / "typo" / "vllm.env"
+    for args in (["fetch", recipe, "--store", store.url], ["restore", packed("a").path]):
+        out = run_warmer(*args, "--root", tmp_path / "root", "--env-file", typo)
+        assert out.returncode == 2 and f"--env-file {typo}: {typo.parent} is not a directory" in out.stderr, out.stderr
+        assert not (tmp_path / "root").exists()
+
+
 def test_a_trusted_key_that_cannot_be_read_is_a_usage_error_even_on_a_miss(tmp_path):
     recipe = write_tiny_recipe(tmp_path / "tiny.toml")
     (tmp_path / "store").mkdir()

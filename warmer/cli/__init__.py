@@ -84,6 +84,16 @@ def store_options(args: argparse.Namespace, out: Output) -> dict:
     }
 
 
+def check_out_file(flag: str, path: str, fix: str) -> None:
+    """A file a command writes once its work is done (an env file, metrics), checked before the work:
+    a directory this user cannot write is the operator's to fix (exit 2), said before anything is
+    fetched; found after, it fails the pod that the fetch had just warmed."""
+    where = os.path.dirname(os.path.abspath(path))
+    # as the write will be judged: effective ids and capabilities
+    if os.path.isdir(path) or not os.path.isdir(where) or not os.access(where, os.W_OK | os.X_OK, effective_ids=True):
+        raise errors.UsageError(f"{flag} {path}: {where} is not a directory this user can write: {fix}")
+
+
 def write_env(args: argparse.Namespace, env: EnvFile) -> None:
     """The env of add_env_out's flags: to --env-file, or as shell lines on stdout (not with --json)."""
     if args.env_file:

@@ -19,6 +19,7 @@ from warmer.cli import (
     add_root,
     add_store,
     add_trust,
+    check_out_file,
     env_flag,
     env_now,
     store_options,
@@ -98,6 +99,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     # Its schema check still runs while the first bytes download (api.fetch).
     recipe = load(args.recipe, schema_later=True)
     if args.env_file:
+        check_env_file(args.env_file)
         check_env_format(recipe, args.root, args.env_format)
     t0 = time.perf_counter()  # the whole fetch, as fetch --all times each recipe: a miss waits too
     result = api.fetch(
@@ -191,15 +193,13 @@ def check_env_format(recipe: Recipe, root: str, fmt: str) -> None:
 
 
 def check_metrics_file(path: str) -> None:
-    """A --metrics-file that cannot be written is the operator's to fix, said before anything is
-    fetched: found after the fetch, it would fail the pod that the fetch had just warmed."""
-    where = os.path.dirname(os.path.abspath(path))
-    # as the write will be judged: effective ids and capabilities
-    if os.path.isdir(path) or not os.path.isdir(where) or not os.access(where, os.W_OK | os.X_OK, effective_ids=True):
-        raise errors.UsageError(
-            f"--metrics-file {path}: {where} is not a directory this user can write: give a file in "
-            "node_exporter's textfile-collector directory, mounted into the pod"
-        )
+    check_out_file(
+        "--metrics-file", path, "give a file in node_exporter's textfile-collector directory, mounted into the pod"
+    )
+
+
+def check_env_file(path: str) -> None:
+    check_out_file("--env-file", path, "give a file in a directory the pod mounts (the shared emptyDir)")
 
 
 def _write_metrics(path: str, outcomes: list[api.Outcome], out: Output) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from warmer import api
-from warmer.cli import Output, add_env_out, add_limits, add_owner, add_root, add_trust, write_env
+from warmer.cli import Output, add_env_out, add_limits, add_owner, add_root, add_trust, check_out_file, write_env
 from warmer.cli.render import pairs
 from warmer.errors import EXIT_OK
 
@@ -35,6 +35,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    if args.env_file:
+        check_out_file("--env-file", args.env_file, "give a file in a directory this user can write")
     result = api.restore(
         args.file,
         args.root,
