@@ -265,7 +265,8 @@ def unfit_reasons(fp: Fingerprint) -> list[str]:
         listed = "; ".join(f"GPU {','.join(ix)}: {k}" for k, ix in kinds.items())
         return [
             f"this node's GPUs differ from each other ({listed}): an artifact fits one GPU type; "
-            "give the pod GPUs of one type (CUDA_VISIBLE_DEVICES or the device plugin's resource)"
+            "give the pod GPUs of one type (the device plugin's resource, or CUDA_VISIBLE_DEVICES by UUID, or by "
+            "index with CUDA_DEVICE_ORDER=PCI_BUS_ID: CUDA's own order is fastest first)"
         ]
     return []
 

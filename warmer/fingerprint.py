@@ -642,13 +642,26 @@ def _gpus_smi() -> tuple[GpuReport | None, str]:
         return None, f"nvidia-smi: unreadable output ({e!r}): {csv[:200]!r}"
 
 
-def gpu_section(found: GpuReport | None, cuda: str | None, visible_spec: str | None, notes: list[str]) -> Gpus:
-    """The fingerprint's GPUs from what NVML or nvidia-smi reported (read_nvml, parse_nvidia_smi)."""
+def gpu_section(
+    found: GpuReport | None, cuda: str | None, visible_spec: str | None, notes: list[str], *, pci_order: bool = True
+) -> Gpus:
+    """The fingerprint's GPUs from what NVML or nvidia-smi reported (read_nvml, parse_nvidia_smi).
+    pci_order: CUDA numbers the GPUs in PCI order (CUDA_DEVICE_ORDER=PCI_BUS_ID), as NVML does."""
     found = found or {"devices": [], "driver": None, "cuda_driver": None, "source": None}
+    chosen = visible(found["devices"], visible_spec)
+    by_index = visible_spec is not None and any(e.strip().isdigit() for e in visible_spec.split(","))
+    if by_index and not pci_order and len({(d["name"], d["compute_capability"]) for d in found["devices"]}) > 1:
+        # CUDA's default order is fastest first: which of a mixed node's boards CUDA_VISIBLE_DEVICES'
+        # indices name (vLLM's GPU) is not NVML's to say. Described whole: mixed, which nothing fits.
+        notes.append(
+            f"CUDA_VISIBLE_DEVICES={visible_spec} names GPUs of a node whose GPUs differ by index, and "
+            "CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers them fastest first, so which one vLLM gets is "
+            "not known here; set CUDA_DEVICE_ORDER=PCI_BUS_ID or name them by UUID"
+        )
+        chosen = found["devices"]
     # Per-board ids (UUIDs) never leave the probe.
     devices = [
-        GpuDevice(d["index"], d["name"], d["compute_capability"], d["memory_mib"], d["pci_device_id"])
-        for d in visible(found["devices"], visible_spec)
+        GpuDevice(d["index"], d["name"], d["compute_capability"], d["memory_mib"], d["pci_device_id"]) for d in chosen
     ]
     types = sorted({(d.name, d.compute_capability) for d in devices})
     one = types[0] if len(types) == 1 else (None, None)
@@ -737,7 +750,13 @@ def probe(*, root: str | os.PathLike[str] | None = None, model: str | None = Non
         glibc=_glibc(),
         cpu=_cpu(),
         # FlashInfer takes the CUDA version from nvcc, else from torch.
-        gpu=gpu_section(gpu, nvcc or torch_cuda, os.environ.get("CUDA_VISIBLE_DEVICES"), notes),
+        gpu=gpu_section(
+            gpu,
+            nvcc or torch_cuda,
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+            notes,
+            pci_order=os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID",
+        ),
         packages=packages,
         torch_cuda=torch_cuda,
         nvcc=nvcc,

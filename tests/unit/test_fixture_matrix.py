@@ -137,6 +137,25 @@ def test_cuda_visible_devices_narrows_a_mixed_node_to_one_type():
     assert fingerprint.gpu_section(recorded, "12.9", "MIG-0c1d2e3f-aaaa", []).count == 4  # whole GPUs described
 
 
+def test_indices_on_a_mixed_node_in_cudas_own_order_are_no_fit():
+    """CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID (vLLM warns of it): on a
+    node of two H100s and two L40S, CUDA_VISIBLE_DEVICES=0 is an H100 to vLLM where NVML's index 0 is
+    whatever sits first on the bus. warmer took NVML's, and fetched (or published) the other GPU's
+    kernels. Unless the order is PCI's or the GPUs are named by UUID, such a node is mixed: no fit."""
+    recorded = fingerprint.read_nvml(nodes.FakeNVML(nodes.gpu_fixture("mixed-h100-l40s")["nvml"]))
+    notes: list[str] = []
+    fastest_first = fingerprint.gpu_section(recorded, "12.9", "0", notes, pci_order=False)
+    assert fastest_first.mixed and fastest_first.count == 4 and "CUDA_DEVICE_ORDER" in " ".join(notes)
+    [problem] = compat.unfit_reasons(nodes.gpu_node("h100-pcie").with_gpus(fastest_first))
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in problem
+    pci = fingerprint.gpu_section(recorded, "12.9", "0", [], pci_order=True)
+    assert (pci.name, pci.count, pci.mixed) == ("NVIDIA H100 PCIe", 1, False)
+    uuid = fingerprint.gpu_section(recorded, "12.9", recorded["devices"][2]["uuid"], [], pci_order=False)
+    assert (uuid.name, uuid.mixed) == ("NVIDIA L40S", False)  # a UUID names one board in any order
+    one_type = fingerprint.read_nvml(nodes.FakeNVML(nodes.gpu_fixture("h100-pcie")["nvml"]))
+    assert not fingerprint.gpu_section(one_type, "12.9", "0", [], pci_order=False).mixed  # all alike: no doubt
+
+
 # nvidia-smi prints these formats too; warmer must read them all.
 SMI_WITH_HEADER = """index, name, compute_cap, memory.total [MiB], driver_version, pci.device_id, uuid
 0, NVIDIA H100 80GB HBM3, 9.0, 81559 MiB, 570.124.06, 0x233010DE, GPU-1d2c3b4a-0000-1111-2222-333344445555
