@@ -381,12 +381,15 @@ def installed_version(name: str) -> str | None:
     metadata.version() then takes whichever the directory lists first, an order that differs from
     one filesystem to another (ext4 hashes names with a per-filesystem seed), so nodes of one image
     would disagree on the version and the key: the highest is taken, the same on every node."""
-    found = list(metadata.distributions(name=name))
-    if not found:
+    try:  # a METADATA that is not UTF-8 (a hand-made or broken install): unknown, never a failed probe
+        found = list(metadata.distributions(name=name))
+        if not found:
+            return None
+        where = str(found[0].locate_file(""))
+        versions = {d.version for d in found if str(d.locate_file("")) == where and d.version}
+        return max(versions, key=_ordered, default=found[0].version)
+    except (ValueError, OSError):
         return None
-    where = str(found[0].locate_file(""))
-    versions = {d.version for d in found if str(d.locate_file("")) == where and d.version}
-    return max(versions, key=_ordered, default=found[0].version)
 
 
 def _ordered(version: str) -> tuple[bool, Version | None, str]:
@@ -411,7 +414,7 @@ def _torch_cuda() -> str | None:
     """torch.version.cuda, read from torch/version.py instead of importing torch."""
     where = package_dir("torch")
     try:
-        text = Path(where, "version.py").read_text() if where else ""
+        text = Path(where, "version.py").read_text(errors="replace") if where else ""
     except OSError:
         return None
     m = re.search(r"^cuda\s*(?::\s*\S+)?\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
@@ -454,7 +457,7 @@ def cpu_threads(cores: dict[int, tuple[str, str]], allowed: set[int], env: Mappi
 
 def _cpu() -> Cpu:
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
         text = ""
     info = parse_cpuinfo(text)

@@ -291,3 +291,14 @@ def test_flashinfers_contract_takes_the_version_the_fingerprint_takes(tmp_path, 
             assert fi is not None and fi.version == fingerprint.installed_version("flashinfer-python")
             got.add(fi.version)
     assert got == {"0.2.8"}
+
+
+def test_a_package_whose_metadata_is_not_utf8_is_unknown_not_a_failed_probe(tmp_path, monkeypatch):
+    """One dist-info METADATA with a latin-1 byte (a hand-made or broken install of ninja, say): the
+    probe raised UnicodeDecodeError and the init container's fetch exited 1 with a traceback."""
+    dist = tmp_path / "ninja-1.11.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_bytes(b"Metadata-Version: 2.1\nName: ninja\nVersion: 1.11.1\n\nDescription caf\xe9\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert fingerprint.installed_version("ninja") is None
+    assert fingerprint.probe().packages.get("ninja") is None
