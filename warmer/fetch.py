@@ -293,11 +293,17 @@ def fetch(
     signing.check_public_keys(trusted_keys)
     store = _open(store_url, deadline, store_options or {})
     check = _RecipeCheck(recipe)
-    node = check.around(lambda: _node(recipe, gpus))
     try:
+        # within the deadline too: NVML on a wedged driver answers never, and nvidia-smi, nvcc and
+        # ninja 30 s each; the probe left behind ends with the process
+        node = check.around(
+            lambda: deadline.call(lambda: _node(recipe, gpus), "probing this node's GPUs and libraries")
+        )
         choice = choose(store, recipe, node, trusted_keys=tuple(trusted_keys), deadline=deadline, root=str(root))
     except (KeyboardInterrupt, SystemExit, Terminated, UsageError):
         raise
+    except DeadlineExceeded as e:
+        choice = Choice("", "miss", warnings=(f"{e}; vLLM will compile from cold",))
     except Exception as e:  # a bug or an unforeseen store answer: still a slow start, said
         check()  # but an unchecked recipe may be what failed: then its RecipeError
         why = f"no artifact chosen: unexpected {type(e).__name__}: {e}; vLLM will compile from cold"

@@ -125,7 +125,8 @@ def fetch_all(
     it by the deadline (each recipe's fetch ends by it, a miss past it). An interrupt (SIGTERM,
     Ctrl-C) cancels the fetches under way: each leaves its root as it was."""
     deadline = deadline or Deadline(what="fetch --all")
-    node = fingerprint.probe()
+    # bounded too (a wedged driver's NVML answers never): past the deadline, the run fails and says so
+    node = deadline.call(fingerprint.probe, "probing this node's GPUs and libraries")
     chosen, skipped, bad = recipes_for_node(manifests, node, skus=skus)
     root_base = Path(root_base).absolute()
     store_options = store_options or {}

@@ -4,6 +4,7 @@ failed restore, the env describes no artifact: a slow start never turns into a f
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -117,3 +118,34 @@ def test_a_file_store_keeps_the_fetchs_deadline(tmp_path):
     assert open_store(f"file://{tmp_path}", deadline=bound).deadline is bound
     assert open_store(str(tmp_path), deadline=bound).deadline is bound
     assert open_store(f"file://{tmp_path}").deadline is not open_store(f"file://{tmp_path}").deadline  # each its own
+
+
+def test_a_node_probe_that_hangs_ends_within_the_deadline_as_a_miss(tmp_path, packed):
+    """A wedged driver: nvidia-smi (and NVML) never answer. The probe ran before anything the deadline
+    bounds, so a fetch with --deadline 3 took nvidia-smi's own 30 s timeout (NVML's: forever). The GPU
+    tools here are stand-ins that hang: no GPU or driver is on this machine."""
+    import time
+
+    hang = tmp_path / "bin"
+    hang.mkdir()
+    (hang / "nvidia-smi").write_text("#!/bin/sh\nsleep 120\n")
+    (hang / "nvidia-smi").chmod(0o755)
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, packed("a").path)
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    env = {**os.environ, "PATH": f"{hang}:{os.environ['PATH']}"}
+    t0 = time.monotonic()
+    out = run_warmer("fetch", recipe, "--store", store.url, "--root", tmp_path / "root", "--deadline", "3", "--json",
+                     env=env, timeout=120)
+    took = time.monotonic() - t0
+    assert out.returncode == 0 and json.loads(out.stdout)["status"] == "miss", out.stderr
+    assert "probing this node" in out.stderr and took < 3 + 4, (took, out.stderr)
+    # fetch --all (the DaemonSet's round, the systemd unit) picks its recipes by the probe: the round fails, in time
+    (tmp_path / "manifests" / "models").mkdir(parents=True)
+    (tmp_path / "manifests" / "skus.toml").write_text(
+        '[sku.cpu]\nruns_on = ["x"]\nnode_selector = { "kubernetes.io/arch" = "amd64" }\nimage = "i"\n')
+    t0 = time.monotonic()
+    run_all = run_warmer("fetch", "--all", tmp_path / "manifests", "--store", store.url, "--root-base",
+                         tmp_path / "roots", "--deadline", "3", env=env, timeout=120)
+    assert run_all.returncode == 1 and "probing this node" in run_all.stderr, run_all.stderr
+    assert time.monotonic() - t0 < 3 + 4
