@@ -441,3 +441,11 @@ def test_a_fetch_whose_stderr_is_gone_still_writes_its_env_and_result(tmp_path, 
     closed = subprocess.run([*argv, "--root", str(tmp_path / "b")], stdout=subprocess.PIPE, text=True, cwd=REPO,
                             timeout=120, preexec_fn=lambda: os.close(2))
     assert closed.returncode == 0 and json.loads(closed.stdout)["status"] == "hit", closed.stdout
+
+
+@pytest.mark.parametrize("level", ["23", "0", "-5", "three"])
+def test_a_pack_level_zstd_does_not_have_is_a_usage_error(tmp_path, level):
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    make_cache_tree(tmp_path / "root")
+    out = run_warmer("pack", tmp_path / "root", "--recipe", recipe, "-o", tmp_path / "a.tar.zst", "--level", level)
+    assert out.returncode == 2 and "not a zstd level" in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -6,6 +6,7 @@ first test builds its module for real with nvcc (sm_90a), the others use module-
 import json
 import os
 import shutil
+import subprocess
 import sys
 from contextlib import suppress
 from pathlib import Path
@@ -118,6 +119,12 @@ def test_a_roots_ninja_dry_run_judges_the_modules_of_its_artifact_not_the_other_
         "silu_and_mul",
         "gelu_and_mul",
     }
+    # `warmer flashinfer-check --root a` judges a's modules as the fetch does: b's (here one that a
+    # pod left half-built) counted as a's, "rebuilds needed" and exit 4 whatever a's own were
+    (base / "a" / MODULE_DIR / "cached_ops" / "gelu_and_mul" / "build.ninja").write_text("build broken: phony\n")
+    check = subprocess.run([sys.executable, "-m", "warmer", "flashinfer-check", "--root", str(base / "a")],
+                           capture_output=True, text=True, env=served, timeout=120)
+    assert "ninja dry run: 1 module(s)" in check.stdout and "gelu_and_mul" not in check.stdout, check.stdout
 
     shutil.rmtree(base / "a" / MODULE_DIR / "cached_ops" / "silu_and_mul")
     result = flashinfer.dry_run(base / "a", served, a.path_contract.flashinfer)

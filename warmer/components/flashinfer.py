@@ -421,12 +421,14 @@ def report(
 ) -> dict:
     """Everything `warmer flashinfer-check` reports: the contract against the build's, ninja's
     dry run, inputs newer than the cache, and (when asked) the back-dating fix."""
+    # the artifact's modules, as fetch judges them: a shared workspace holds other recipes' too
+    mine = set(built.modules) if built and built.modules else None
     report = {
         "contract": compare(built, contract(root, env)) if built else [],
-        "dry_run": dry_run(root, env),
-        "newer_inputs": [{"file": f, "module": m} for f, m in newer_inputs(root, env)],
+        "dry_run": dry_run(root, env, built),
+        "newer_inputs": [{"file": f, "module": m} for f, m in newer_inputs(root, env) if mine is None or m in mine],
     }
     if backdate_inputs:
         report["backdate"] = backdate(root, env, apply=True, include_site_packages=include_site_packages)
-        report["dry_run_after"] = dry_run(root, env)
+        report["dry_run_after"] = dry_run(root, env, built)
     return report
