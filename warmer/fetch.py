@@ -169,6 +169,11 @@ def choose(
     decided = tuple(compat.decisions(entry.artifact.fingerprint, node, recipe.identity()))
     if not compat.fits(list(decided)):
         misfit = tuple(d.line() for d in decided if not d.ok)
+        if any(not d.ok and d.field in ("gpu.driver", "gpu.cuda_driver") for d in decided):
+            misfit += (  # the drivers are ranged, not keyed: this node's own build of the key would stop
+                f"this key's artifact was built on a newer driver than this node's, and a key holds one: "
+                f"`warmer rm {store.url}/index/{recipe.name}/{key}` and build again on the fleet's oldest driver",
+            )
         return _part_of(entry, recipe, node, key, decided, misfit) or Choice(
             key, "misfit", entry, decided, warnings=misfit
         )

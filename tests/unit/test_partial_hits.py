@@ -221,3 +221,23 @@ def test_a_newer_candidate_built_at_another_root_does_not_hide_one_built_at_this
     assert got.status == "partial" and {"flashinfer", "triton"} <= set(got.components), got.warnings
     assert restore.active(tmp_path / "root").artifact.key != pcie.key
     assert any(f"no layer of {pcie.key[:16]} fits at this root" in w for w in got.warnings), got.warnings
+
+
+def test_a_node_whose_driver_is_older_than_the_builds_is_told_the_way_out(tmp_path):
+    """The CI runner got the new driver first: the artifact of this key needs it, the node refuses it
+    (misfit), and its own build of the key would stop at "already published". The misfit says what
+    to do: a key holds one artifact, built on the fleet's oldest driver."""
+    from dataclasses import replace
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    root = tmp_path / "root"
+    make_cache_tree(root)
+    newer = replace(_gpus("h100-sxm"), driver="999.10.01", cuda_driver="99.0")
+    build.pack_root(root, tiny_recipe(), tmp_path / "a.tar.zst", fp=fingerprint.probe(root=root).with_gpus(newer))
+    published = build.publish(store, tmp_path / "a.tar.zst")
+    shutil.rmtree(root)
+
+    got = fetch.fetch(tiny_recipe(), store, root, gpus=_gpus("h100-sxm"))
+    assert got.status == "misfit", got.warnings
+    assert any(f"`warmer rm {store.url}/index/tiny/{published.key}` and build again on the fleet's oldest driver" in w
+               for w in got.warnings), got.warnings
