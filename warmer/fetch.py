@@ -302,7 +302,7 @@ def fetch(
         # within the deadline too: NVML on a wedged driver answers never, and nvidia-smi, nvcc and
         # ninja 30 s each; the probe left behind ends with the process
         node = check.around(
-            lambda: deadline.call(lambda: _node(recipe, gpus), "probing this node's GPUs and libraries")
+            lambda: deadline.call(partial(_node, recipe, gpus), "probing this node's GPUs and libraries")
         )
         choice = choose(store, recipe, node, trusted_keys=tuple(trusted_keys), deadline=deadline, root=str(root))
     except (KeyboardInterrupt, SystemExit, Terminated, UsageError):
@@ -354,8 +354,8 @@ def fetch(
         components=choice.components,
         open_layer=open_layer if entry and entry.layered else None,
     )
-    partial = choice.partial_line() if choice.status is None else None
-    warnings = [*check.notes, *choice.warnings, *([partial] if partial else []), *activation.warnings]
+    part_line = choice.partial_line() if choice.status is None else None
+    warnings = [*check.notes, *choice.warnings, *([part_line] if part_line else []), *activation.warnings]
     if not activation.active:
         art = None  # the env describes no artifact: nothing of a refused one (its cubins, no downloads)
         if offline or recipe.offline:
