@@ -99,7 +99,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     # Its schema check still runs while the first bytes download (api.fetch).
     recipe = load(args.recipe, schema_later=True)
     if args.env_file:
-        check_env_file(args.env_file)
+        check_out_file("--env-file", args.env_file, "give a file in a directory the pod mounts (the shared emptyDir)")
         check_env_format(recipe, args.root, args.env_format)
     t0 = time.perf_counter()  # the whole fetch, as fetch --all times each recipe: a miss waits too
     result = api.fetch(
@@ -196,10 +196,6 @@ def check_metrics_file(path: str) -> None:
     check_out_file(
         "--metrics-file", path, "give a file in node_exporter's textfile-collector directory, mounted into the pod"
     )
-
-
-def check_env_file(path: str) -> None:
-    check_out_file("--env-file", path, "give a file in a directory the pod mounts (the shared emptyDir)")
 
 
 def _write_metrics(path: str, outcomes: list[api.Outcome], out: Output) -> None:
