@@ -404,14 +404,14 @@ def _artifact(
     return out + list(look.findings)
 
 
-def _ownership(root: Path, owner: tuple[int, int] | None) -> list[Finding]:
+def _ownership(root: Path, owner: tuple[int, int] | None, active: bool) -> list[Finding]:
     """Can the serving user write what vLLM writes into the root (locks, temporary files) even on a
     full hit? If not, vLLM crashes at start-up with PermissionError."""
     problem = restore.unwritable(root, owner)
     if problem is None:
         return []
     uid, gid = owner or (os.geteuid(), os.getegid())
-    if restore.active(root) is not None and restore.unwritable(root, owner, creatable=True) is None:
+    if active and restore.unwritable(root, owner, creatable=True) is None:
         return [  # what serve makes before vLLM starts (serving.plan), and fetch whenever it runs
             Finding(
                 WARNING,
@@ -466,7 +466,7 @@ def diagnose(
     if root:
         findings += _artifact(env, root, marker, recipe, node, exists)
         if can_write is not None and root.is_dir():  # this machine's files, not a saved sample's
-            findings += _ownership(root, owner)
+            findings += _ownership(root, owner, marker is not None)
     order = {ERROR: 0, WARNING: 1, INFO: 2}
     findings.sort(key=lambda f: order[f.severity])
     return Diagnosis(str(root) if root else None, tuple(rows), tuple(findings))

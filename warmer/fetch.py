@@ -144,8 +144,8 @@ def choose(
 ) -> Choice:
     """One index lookup under this node's key, the entry's checks (its signature first), and the
     fit of its artifact to this node. A store that fails or is slow is a miss, said in one line.
-    root: where a partial hit would be restored (_at_root), to pass over candidates of which
-    nothing fits there."""
+    root: where a partial hit would be restored: only its layers that fit there are offered
+    (_at_root), and a candidate of which none does is passed over."""
     key = compat.key(node, recipe.identity())
     unfit = compat.unfit_reasons(node)
     if unfit:  # no artifact fits this node: do not even look
@@ -174,9 +174,10 @@ def choose(
                 f"this key's artifact was built on a newer driver than this node's, and a key holds one: "
                 f"`warmer rm {store.url}/index/{recipe.name}/{key}` and build again on the fleet's oldest driver",
             )
-        return _part_of(entry, recipe, node, key, decided, misfit) or Choice(
-            key, "misfit", entry, decided, warnings=misfit
-        )
+        part = _part_of(entry, recipe, node, key, decided, misfit)
+        if part is not None and root is not None:
+            part = _at_root(part, root)
+        return part or Choice(key, "misfit", entry, decided, warnings=misfit)
     return Choice(key, None, entry, decided)
 
 
@@ -313,7 +314,6 @@ def fetch(
         check()  # but an unchecked recipe may be what failed: then its RecipeError
         why = f"no artifact chosen: unexpected {type(e).__name__}: {e}; vLLM will compile from cold"
         choice = Choice("", "error", warnings=(why,))
-    choice = _at_root(choice, str(root))
     own = _own_kept(choice, root, tuple(trusted_keys))
     if own is not None:  # the store offers another key's artifact, the root holds this key's whole
         assert choice.entry is not None  # _own_kept looks only at another key's offer

@@ -91,7 +91,11 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out: Output) -> int:
     args.require = required_components(args.require)  # a typo is said before anything is fetched
     if args.metrics_file:
-        check_metrics_file(args.metrics_file)
+        check_out_file(
+            "--metrics-file",
+            args.metrics_file,
+            "give a file in node_exporter's textfile-collector directory, mounted into the pod",
+        )
     if args.all:
         return _fetch_all(args, out)
     if not args.recipe or not args.root:
@@ -190,12 +194,6 @@ def check_env_format(recipe: Recipe, root: str, fmt: str) -> None:
         EnvFile({k: v for k, v in env.items() if isinstance(v, str)}).render(fmt)
     except EnvFileError as e:
         raise errors.UsageError(f"{recipe.source}: {e}") from None
-
-
-def check_metrics_file(path: str) -> None:
-    check_out_file(
-        "--metrics-file", path, "give a file in node_exporter's textfile-collector directory, mounted into the pod"
-    )
 
 
 def _write_metrics(path: str, outcomes: list[api.Outcome], out: Output) -> None:
