@@ -369,7 +369,7 @@ def fetch(
         activation.vllm_root,
         files=art.files if art else None,
         offline=offline,
-        added=art.serve_env if art and "vllm" in held else None,
+        added=art.serve_env if art else None,  # on a partial hit too: serving.artifact_env says why
         components=choice.components,
     )
     served = {**(os.environ if serving_env is None else serving_env), **env.vars}

@@ -73,6 +73,8 @@ def outlook(
     vllm_held = "vllm" in held or "vllm" not in art.components
     if vllm_held:  # what vLLM hashes matters only where its own cache was restored
         out += _served_as_built(art, env)
+    if vllm_held or "inductor" in held:  # AOT on moves Inductor's cache out of root/inductor
+        out += _serve_env_kept(art, env)
     said = set(art.recipe.identity.get("env") or {}) | set(art.serve_env)
     differences = tuple(art.vllm.differences(env)) if art.vllm and vllm_held else ()
     out += [_difference(d) for d in differences if d.name not in said]
@@ -167,7 +169,7 @@ def _shown(value: object) -> str:
 
 
 def _served_as_built(art: Artifact, env: Mapping[str, str]) -> list[Finding]:
-    """The env must hold what the build served with: the recipe's env, and what the build added."""
+    """The env must hold what the build served with: the recipe's env."""
     out = []
     built_env = art.recipe.identity.get("env") or {}
     for var, want in sorted(built_env.items()):
@@ -182,6 +184,12 @@ def _served_as_built(art: Artifact, env: Mapping[str, str]) -> list[Finding]:
                     f"start vLLM with the env file warmer wrote (it sets {var})",
                 )
             )
+    return out
+
+
+def _serve_env_kept(art: Artifact, env: Mapping[str, str]) -> list[Finding]:
+    """The env must hold what the build added (VLLM_USE_AOT_COMPILE=0)."""
+    out = []
     for var, want in sorted(art.serve_env.items()):
         if env.get(var) != want:
             out.append(

@@ -60,9 +60,10 @@ def artifact_env(
     recipe: Recipe, root: Path, art, *, offline: bool = False, components: tuple[str, ...] | None = None
 ) -> EnvFile:
     """vllm_env for an artifact restored in root (warmer.artifact.Artifact); components: a partial
-    hit's (the marker's), None for all of it."""
-    added = art.serve_env if components is None or "vllm" in components else None
-    return vllm_env(recipe, root, files=art.files, offline=offline, added=added, components=components)
+    hit's (the marker's), None for all of it. The build's serve_env goes in on a partial hit too:
+    VLLM_USE_AOT_COMPILE=0 also decides whether Inductor reads root/inductor at all (with AOT on,
+    vLLM points TORCHINDUCTOR_CACHE_DIR under its own cache: vllm/compilation/decorators.py)."""
+    return vllm_env(recipe, root, files=art.files, offline=offline, added=art.serve_env, components=components)
 
 
 def environ_for_vllm(recipe: Recipe, root: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:

