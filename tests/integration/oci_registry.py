@@ -109,7 +109,9 @@ class Registry:
             self.issuer.close()
 
 
-def start_registry(workdir: Path, auth: str = "none") -> Registry:
+def start_registry(workdir: Path, auth: str = "none", external_host: str | None = None) -> Registry:
+    """external_host: the name distribution puts into the URLs it generates (http.host), as a
+    registry configured with another address than the one clients use."""
     binary = registry_binary()
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -118,6 +120,8 @@ def start_registry(workdir: Path, auth: str = "none") -> Registry:
              "storage:", "  filesystem:", f"    rootdirectory: {storage}", "  delete:", "    enabled: true",
              "  maintenance:", "    uploadpurging:", "      enabled: false",
              "http:", f"  addr: 127.0.0.1:{port}", f"  secret: {uuid.uuid4().hex}"]
+    if external_host:
+        lines.append(f"  host: http://{external_host}:{port}")
     issuer = None
     if auth == "htpasswd":
         (workdir / "htpasswd").write_text(bcrypt_line(USER, PASSWORD) + "\n" + bcrypt_line(READER, READER_PASSWORD)

@@ -238,6 +238,43 @@ def test_a_credential_helper_is_asked(oci_htpasswd_registry, oci_env, tmp_path, 
         open_store(reg.url(reg.repo())).has_blob("ab" * 32)
 
 
+def test_credentials_go_to_the_registrys_own_address_alone(oci_env, tmp_path, artifact):
+    """A registry whose generated URLs name another address (distribution's http.host) sends the
+    upload there: warmer does not send the store's credentials to it, and says why it stops."""
+    from tests.integration.oci_registry import start_registry
+
+    reg = start_registry(tmp_path / "reg", auth="htpasswd", external_host="localhost")
+    try:
+        docker_config(oci_env, reg.host, USER, PASSWORD)
+        with pytest.raises(StoreError) as e:
+            build.publish(open_store(reg.url(reg.repo())), artifact["artifact"])
+        assert f"localhost:{reg.port}" in str(e.value) and "http.host" in str(e.value), e.value
+    finally:
+        reg.stop()
+
+
+def test_docker_hubs_credentials_are_asked_for_under_dockers_own_key(oci_env, tmp_path, monkeypatch):
+    """docker login keeps Docker Hub's credentials in a helper under https://index.docker.io/v1/
+    (not the registry-1.docker.io that serves the API): that is the key warmer asks the helper for.
+    Only the lookup runs here (Docker Hub is not reachable)."""
+    from warmer.store.oci.auth import find_credentials
+
+    helper = tmp_path / "bin" / "docker-credential-hubtest"
+    helper.parent.mkdir()
+    helper.write_text('#!/bin/sh\nread key\n[ "$key" = "https://index.docker.io/v1/" ] || '
+                      '{ echo "credentials not found in native keychain"; exit 1; }\n'
+                      'echo \'{"Username":"hubuser","Secret":"hubpass"}\'\n')
+    helper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{helper.parent}{os.pathsep}{os.environ['PATH']}")
+    (oci_env / "config.json").write_text(json.dumps({"auths": {"https://index.docker.io/v1/": {}},
+                                                     "credsStore": "hubtest"}))
+    found = find_credentials("registry-1.docker.io")
+    assert found is not None and (found.username, found.secret) == ("hubuser", "hubpass")
+    (oci_env / "config.json").write_text(json.dumps({"credHelpers": {"docker.io": "hubtest"}}))
+    found = find_credentials("registry-1.docker.io")
+    assert found is not None and found.username == "hubuser"
+
+
 # -- first writer wins ------------------------------------------------------------------------------
 
 def test_eight_concurrent_publishers_of_one_key(oci_registry, oci_proxy, oci_env, tmp_path):

@@ -122,9 +122,11 @@ def find_credentials(host: str) -> Credentials | None:
             ) from None
         if not isinstance(doc, dict):
             continue
+        # docker keeps Docker Hub's under its v1 address, in a helper as in auths
+        asked = "https://index.docker.io/v1/" if host in DOCKER_HUB else host
         for name, helper in (doc.get("credHelpers") or {}).items():
             if _same_registry(name, host):
-                found = _helper(helper, host, str(path))
+                found = _helper(helper, asked, str(path))
                 if found:
                     return found
         for name, entry in (doc.get("auths") or {}).items():
@@ -142,7 +144,7 @@ def find_credentials(host: str) -> Credentials | None:
             if user or entry.get("identitytoken") or entry.get("registrytoken"):
                 return Credentials(str(path), user, secret, entry.get("identitytoken"), entry.get("registrytoken"))
         if doc.get("credsStore"):
-            found = _helper(doc["credsStore"], host, str(path))
+            found = _helper(doc["credsStore"], asked, str(path))
             if found:
                 return found
     return None

@@ -105,6 +105,28 @@ class Registry:
     def url(self, path: str) -> str:
         return f"{self.base}/{path}"
 
+    def _ours(self, url: str) -> bool:
+        """Whether url is on the registry's own scheme, host and port: only there do credentials go
+        (an upload Location or a tags Link may name any URL), as docker's client keeps them."""
+        return _origin(url) == _origin(self.base)
+
+    def _elsewhere(self, url: str, what: str, asks: bool) -> StoreError:
+        """The error for a URL off the registry's origin that wants credentials (asks: it answered
+        401; else it is the registry's host over plain http, where they would cross in clear)."""
+        there = urllib.parse.urlsplit(url)
+        if not asks:
+            return StoreError(
+                f"registry {self.host} sent warmer to http://{there.netloc} for {what}: its credentials "
+                "are not sent in clear. A TLS proxy in front of the registry must set "
+                "X-Forwarded-Proto: https (or set distribution's http.relativeurls: true)"
+            )
+        return StoreError(
+            f"registry {self.host} sent warmer to {there.scheme}://{there.netloc} for {what}, which asks "
+            f"for credentials: warmer sends them to {self.host} alone. Give the registry the address "
+            "the store URL names as its external one (distribution's http.host), or use relative URLs "
+            "(http.relativeurls: true)"
+        )
+
     def blob_url(self, digest: str) -> str:
         return self.url(f"blobs/{digest}")
 
@@ -148,8 +170,10 @@ class Registry:
             self.deadline.check(f"{method} {what} from {self.host}")
             generation = self.auth.generation
             sent = dict(headers or {})
-            if self.auth.header:
+            if self.auth.header and self._ours(url):
                 sent["Authorization"] = self.auth.header
+            elif self.auth.header and self.base.startswith("https:") and url.startswith("http:"):
+                raise self._elsewhere(url, what, asks=False)
             try:
                 resp = self.session.request(
                     method, url, headers=sent, data=data, stream=stream, params=params, timeout=self.timeouts()
@@ -175,6 +199,8 @@ class Registry:
                 ) from None
             if resp.status_code == 401:
                 resp.close()
+                if not self._ours(url):
+                    raise self._elsewhere(url, what, asks=True)
                 if renewals == 3 or not self.auth.answer(resp, generation):
                     raise self._unauthorized(resp, action, what)
                 renewals += 1
@@ -527,6 +553,11 @@ class Registry:
             seen.add(nxt)
             url, params = urllib.parse.urljoin(url, nxt), None
         return tags
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(parts.scheme)
 
 
 def _errors(resp) -> tuple[set[str], str]:
