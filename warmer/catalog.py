@@ -296,13 +296,14 @@ def rm(url: str, *, yes: bool, **store_options) -> Removal:
     """Delete one index entry (readable or not) and each blob it names that no other entry names
     (a layer another entry shares stays); the store keeps an audit record of who removed what."""
     store, recipe, key = resolve(url, **store_options)
-    raw = store.get_index(recipe, key)
-    if raw is None:
-        raise StoreError(f"no artifact {recipe}/{key} in {store.url}: see warmer ls --store {store.url}")
+    entry: IndexEntry | None
     try:
-        entry: IndexEntry | None = IndexEntry.read(raw, recipe, key)
+        raw = store.get_index(recipe, key)
+        if raw is None:
+            raise StoreError(f"no artifact {recipe}/{key} in {store.url}: see warmer ls --store {store.url}")
+        entry = IndexEntry.read(raw, recipe, key)
     except UntrustedInput:
-        entry = None  # a broken or planted entry: remove it, keep every blob
+        entry = None  # a broken or planted entry (the store's or its own bytes): remove it, keep every blob
     blob = entry.blob.sha256 if entry is not None and entry.blob is not None else None
     layers = tuple((x.component, x.sha256) for x in entry.artifact.layers) if entry and entry.layered else ()
     others, unreadable = read_entries(store, [rk for rk in store.list_index() if rk != (recipe, key)])
@@ -350,6 +351,7 @@ class Collection:
     orphans_kept: tuple[Blob, ...] = ()  # blobs no entry names, younger: maybe a publish in flight
     shared_kept: tuple[str, ...] = ()  # blobs of the deleted entries kept: an entry left names them (shared layers)
     scraps_deleted: tuple[Scrap, ...] = ()  # what writers that died left (Store.list_scraps), older than ORPHAN_GRACE
+    pinned: tuple[tuple[Row, str], ...] = ()  # entries gc would drop, kept: another name holds them (a registry tag)
 
     def to_json(self) -> dict:
         return {
@@ -364,6 +366,7 @@ class Collection:
                 for x in self.scraps_deleted
             ],
             "orphan_grace_hours": ORPHAN_GRACE.total_seconds() / 3600,
+            "pinned": [{**r.to_json(), "by": by} for r, by in self.pinned],
         }
 
 
@@ -405,6 +408,8 @@ def gc(
         drop += [
             e for e in group[keep:] if older_than_days is None or now - e.published_at > timedelta(days=older_than_days)
         ]
+    pins = [(e, by) for e in drop if (by := store.pinned_by(e.recipe, e.key))]  # deleting would delete the name too
+    drop = [e for e in drop if all(e is not p for p, _ in pins)]
     dropped = {(e.recipe, e.key) for e in drop}
     counts = namings(entries)
     kept = [e for e in entries if (e.recipe, e.key) not in dropped]
@@ -445,4 +450,5 @@ def gc(
         tuple(b for b in orphans if now - b.modified <= ORPHAN_GRACE),
         tuple(sorted(freed & referenced)),
         tuple(scraps),
+        tuple((Row.of(e, counts), by) for e, by in pins),
     )

@@ -34,12 +34,13 @@ from warmer.store.oci import (ARTIFACT_TYPE, CONFIG_TYPE, LAYER_TYPE, MANIFEST_T
 MiB = 1 << 20
 
 
-def http(method: str, url: str, headers: dict | None = None, auth: tuple[str, str] | None = None):
+def http(method: str, url: str, headers: dict | None = None, auth: tuple[str, str] | None = None,
+         data: bytes | None = None):
     """(status, headers, body) of one plain request: what any HTTP client sees."""
     headers = dict(headers or {})
     if auth:
         headers["Authorization"] = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
-    req = urllib.request.Request(url, method=method, headers=headers)
+    req = urllib.request.Request(url, method=method, headers=headers, data=data)
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, dict(r.headers), r.read()
@@ -192,6 +193,61 @@ def test_publish_fetch_explain_ls_inspect_gc_through_the_cli(oci_registry, oci_e
     assert http("HEAD", f"{base}/manifests/{index_tag('tiny', key)}", {"Accept": MANIFEST_TYPE})[0] == 404
     assert http("HEAD", f"{base}/blobs/sha256:{artifact['sha256']}")[0] == 404
     assert http("HEAD", f"{base}/manifests/{index_tag('tiny', newer_doc['key'])}", {"Accept": MANIFEST_TYPE})[0] == 200
+
+
+def _older_and_newer(url: str, artifact: dict, tmp_path: Path) -> tuple[str, str]:
+    """Two entries of the tiny recipe for one machine kind (the older one the artifact's): keys."""
+    store = open_store(url)
+    build.publish(store, artifact["artifact"])
+    newer = tmp_path / "newer.tar.zst"
+    newer_doc = build.pack_root(artifact["root"], tiny_recipe(max_model_len=256), newer).to_json()
+    entry = json.loads(entry_bytes(artifact))
+    entry.update(key=newer_doc["key"], artifact=newer_doc, published_at="2099-01-01T00:00:00+00:00",
+                 blob={"sha256": hashlib.sha256(newer.read_bytes()).hexdigest(), "size": newer.stat().st_size})
+    store.put_blob(str(newer), entry["blob"]["sha256"])
+    assert store.put_index("tiny", newer_doc["key"], json.dumps(entry).encode())
+    return artifact["doc"]["key"], newer_doc["key"]
+
+
+def test_gc_keeps_an_artifact_that_a_tag_of_its_own_names(oci_registry, oci_env, artifact, tmp_path):
+    """A tag someone added to an artifact's manifest (`oras tag ... pinned`) keeps it: gc says so,
+    deletes nothing of it, and exits 0 (run after run), as the README promises."""
+    url = oci_registry.url(oci_registry.repo())
+    older, newer = _older_and_newer(url, artifact, tmp_path)
+    base = f"http://{oci_registry.host}/v2/{url.split('/', 3)[3]}"
+    status, _, manifest = http("GET", f"{base}/manifests/{index_tag('tiny', older)}", {"Accept": MANIFEST_TYPE})
+    assert status == 200
+    assert http("PUT", f"{base}/manifests/pinned", {"Content-Type": MANIFEST_TYPE}, data=manifest)[0] == 201
+    for args in (("--dry-run",), (), ()):
+        out = run_warmer("gc", "--store", url, "--keep", "1", *args)
+        assert out.returncode == 0, out.stderr
+        assert f"kept: tiny {older[:16]}" in out.stdout and "pinned" in out.stdout, out.stdout
+    doc = cli_json("gc", "--store", url, "--keep", "1")
+    assert doc["deleted_entries"] == [] and [(p["key"], p["by"]) for p in doc["pinned"]] == [(older, "pinned")]
+    assert sorted(r["key"] for r in cli_json("ls", "--store", url)) == sorted([older, newer])
+    assert http("HEAD", f"{base}/blobs/sha256:{artifact['sha256']}")[0] == 200
+
+
+def test_an_unreadable_entry_is_listed_so_and_rm_removes_it(oci_registry, oci_env, artifact, tmp_path):
+    """An entry whose config blob went bad in the registry is one unreadable entry, as in the other
+    stores: ls lists it, gc names the rm that removes it, and rm does."""
+    url = oci_registry.url(oci_registry.repo())
+    older, newer = _older_and_newer(url, artifact, tmp_path)
+    base = f"http://{oci_registry.host}/v2/{url.split('/', 3)[3]}"
+    status, _, body = http("GET", f"{base}/manifests/{index_tag('tiny', older)}", {"Accept": MANIFEST_TYPE})
+    config = oci_registry.blob_file(url.split("/", 3)[3], json.loads(body)["config"]["digest"][7:])
+    data = bytearray(config.read_bytes())
+    data[len(data) // 2] ^= 1
+    config.write_bytes(bytes(data))
+
+    few_tries = {**os.environ, "WARMER_OCI_MAX_ATTEMPTS": "2"}  # the corrupt config is read again that often
+    out = run_warmer("ls", "--store", url, env=few_tries)
+    assert out.returncode == 0 and f"{older[:16]} UNREADABLE" in out.stdout and newer[:16] in out.stdout, out
+    gc = run_warmer("gc", "--store", url, "--keep", "1", env=few_tries)
+    assert gc.returncode != 0 and f"warmer rm {url}/index/tiny/{older}" in gc.stderr, gc.stderr
+    rm = run_warmer("rm", f"{url}/index/tiny/{older}", "--yes", env=few_tries)
+    assert rm.returncode == 0, rm.stderr
+    assert [r["key"] for r in cli_json("ls", "--store", url)] == [newer]
 
 
 def test_the_cli_finds_credentials_where_docker_keeps_them(oci_htpasswd_registry, oci_env, artifact, tmp_path,

@@ -59,6 +59,11 @@ def report(r: Collection) -> str:
         "left by a publisher that died mid-copy"
         for x in r.scraps_deleted
     ]
+    lines += [
+        f"kept: {e.recipe} {e.key[:16]} ({e.machine}): also named {by} in the store, which deleting it "
+        "would delete too; remove that name to let gc drop it"
+        for e, by in r.pinned
+    ]
     if r.shared_kept:
         lines.append(
             f"kept: {len(r.shared_kept)} blob(s) of the {'doomed' if r.dry_run else 'deleted'} entries that "

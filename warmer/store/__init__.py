@@ -42,6 +42,7 @@ __all__ = [
     "parse_blob_path",
     "parse_index_path",
     "Scrap",
+    "UnreadableEntry",
 ]
 
 
@@ -51,6 +52,11 @@ class NotARegularFile(UntrustedInput):
 
 class IndexTooLarge(UntrustedInput):
     """An index entry larger than MAX_INDEX_BYTES: refused before it is read whole."""
+
+
+class UnreadableEntry(UntrustedInput):
+    """An index entry the store holds that cannot be read as one (malformed, a part corrupt or
+    missing, or a newer warmer's): listed as unreadable, removable with `warmer rm`."""
 
 
 class Blob(NamedTuple):
@@ -178,6 +184,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def delete_blob(self, sha256: str) -> None: ...
+
+    def pinned_by(self, recipe: str, key: str) -> str | None:
+        """A name outside warmer's own that deleting the entry would delete too (a registry tag
+        someone added to its manifest); gc keeps such an entry. None where a store has no such names."""
+        return None
 
     def list_scraps(self) -> list[Scrap]:
         """Leftovers of writers that died, for gc; none where the service keeps them itself (S3's

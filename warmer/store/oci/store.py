@@ -21,12 +21,12 @@ from warmer.store import (
     HEX64,
     NAME,
     Blob,
-    BlobCorrupt,
     BlobMissing,
     BlobStream,
     IndexTooLarge,
     Store,
     StoreError,
+    UnreadableEntry,
     parse_index_path,
 )
 from warmer.store.oci.client import (
@@ -255,7 +255,7 @@ class OCIStore(Store):
     def _get_config(self, desc: dict, limit: int, what: str) -> bytes:
         digest, size = desc.get("digest", ""), desc.get("size")
         if not isinstance(digest, str) or not re.match(r"^sha256:[0-9a-f]{64}$", digest) or not isinstance(size, int):
-            raise StoreError(
+            raise UnreadableEntry(
                 f"{what} in {self.host}/{self.repo} names no sha256 config: not written by warmer; remove the tag"
             )
         if size >= limit:
@@ -270,13 +270,13 @@ class OCIStore(Store):
                 size,
                 check=lambda b: "sha256:" + hashlib.sha256(b).hexdigest() == digest,
             )
-        except Garbled:
-            raise BlobCorrupt(
+        except Garbled:  # a part of the entry: it is unreadable (ls lists it so, rm removes it)
+            raise UnreadableEntry(
                 f"the config of {what} from {self.url} did not hash to {digest} in {self.registry.attempts} "
                 "reads: corrupt in the registry or altered on the way; not used"
             ) from None
         if resp.status_code == 404:
-            raise BlobMissing(f"the config blob of {what} is missing from {self.url}: publish it again")
+            raise UnreadableEntry(f"the config blob of {what} is missing from {self.url}: publish it again")
         if body is None:
             raise self.registry.error(resp, "read", f"the config of {what}")
         return body
@@ -441,7 +441,7 @@ class OCIStore(Store):
     def _warmer_manifest(self, manifest: dict, tag: str) -> dict:
         config, layers = manifest.get("config") or {}, manifest.get("layers")
         if config.get("mediaType") != CONFIG_TYPE or not isinstance(layers, list) or not layers:
-            raise StoreError(
+            raise UnreadableEntry(
                 f"tag {tag} in {self.host}/{self.repo} is not a warmer artifact (config "
                 f"{config.get('mediaType')!r}): remove the tag, or keep warmer's artifacts in a "
                 "repository of their own"
@@ -485,7 +485,7 @@ class OCIStore(Store):
             elif top is not None:
                 raise ValueError("its config is not a JSON object")
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise StoreError(
+            raise UnreadableEntry(
                 f"{what} in {self.url} is unreadable ({e}): remove it, or publish again under a new key"
             ) from None
         return b"".join((b'{"artifact":', config.strip(), b",", json.dumps(entry, separators=(",", ":")).encode()[1:]))
@@ -510,6 +510,16 @@ class OCIStore(Store):
 
         return sorted({rk for rk in _map_on_daemon_threads(key_of, candidates, 8) if rk})
 
+    def pinned_by(self, recipe: str, key: str) -> str | None:
+        got = self.registry.get_manifest(index_tag(recipe, key))
+        return None if got is None else self._other_tag(index_tag(recipe, key), got[0])
+
+    def _other_tag(self, tag: str, digest: str) -> str | None:
+        """A tag someone added by hand (`oras tag`, `crane tag`) to the manifest that tag names."""
+        registry = self.registry
+        others = [t for t in registry.tags() if t != tag and not INDEX_TAG.match(t) and not t.startswith(AUDIT_PREFIX)]
+        return next((other for other in others if registry.tag_digest(other) == digest), None)
+
     def delete_index(self, recipe: str, key: str) -> None:
         registry = self.registry
         tag = index_tag(recipe, key)
@@ -520,14 +530,13 @@ class OCIStore(Store):
         ann = manifest.get("annotations") or {}
         if ann.get(ANN_KEY) != key:
             return  # the tag holds another key's artifact
-        others = [t for t in registry.tags() if t != tag and not INDEX_TAG.match(t) and not t.startswith(AUDIT_PREFIX)]
-        for other in others:  # a tag someone added by hand (`oras tag`, `crane tag`) to this manifest
-            if registry.tag_digest(other) == digest:
-                raise StoreError(
-                    f"manifest {digest} of {recipe}/{key[:16]} is also tagged {other} in "
-                    f"{self.host}/{self.repo}: deleting it would delete that tag too; remove the tag "
-                    "first, or keep the artifact"
-                )
+        other = self._other_tag(tag, digest)
+        if other is not None:
+            raise StoreError(
+                f"manifest {digest} of {recipe}/{key[:16]} is also tagged {other} in "
+                f"{self.host}/{self.repo}: deleting it would delete that tag too; remove the tag "
+                "first, or keep the artifact"
+            )
         resp = registry.request("DELETE", registry.manifest_url(digest), what=f"{recipe}/{key[:16]}", action="delete")
         resp.close()
         if resp.status_code not in (200, 202, 204, 404):
