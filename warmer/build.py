@@ -223,7 +223,9 @@ def _warm_to_publish(
     if report.verdict != "hit" and not allow_partial:
         raise BuildError(
             f"verify found {report.files.recompiled} recompiled file(s), {len(report.outside_root)} "
-            f"written outside the root, and log events {report.log_recompiles}: not publishing an "
+            f"written outside the root, log events {report.log_recompiles}, and "
+            f"{len(report.stale_modules)} FlashInfer module(s) ninja would rebuild"
+            f"{' (' + '; '.join(report.stale_modules[:3]) + ')' if report.stale_modules else ''}: not publishing an "
             f"artifact that does not hit (see {report.log}); --allow-partial publishes it anyway",
             result,
         )

@@ -573,6 +573,20 @@ def _check_meaning(doc: dict[str, Any]) -> tuple[list[Problem], str | None]:
                         False,
                     )
                 )
+        workload, limit = doc.get("workload"), engine.get("max_model_len")
+        lengths = workload.get("prompt_lengths") if isinstance(workload, dict) else None
+        if type(limit) is int and isinstance(lengths, list):
+            for i, n in enumerate(lengths):
+                if type(n) is int and n >= limit:  # vLLM refuses it only after the whole cold start
+                    problems.append(
+                        (
+                            ("workload", "prompt_lengths", i),
+                            f"workload.prompt_lengths holds {n}, but engine.max_model_len is {limit}: vLLM "
+                            "refuses a prompt that leaves no room for one output token; give prompt "
+                            f"lengths below {limit}, or raise max_model_len",
+                            False,
+                        )
+                    )
     env = doc.get("env")
     if isinstance(env, dict):
         for key, value in env.items():

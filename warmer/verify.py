@@ -80,6 +80,16 @@ class VerifyResult:
     jit_monitor: dict = field(default_factory=dict, hash=False)  # warmup.jit_monitor of the run
 
     @property
+    def stale_modules(self) -> list[str]:
+        """FlashInfer modules ninja's dry run finds out of date, each with its first reason."""
+        modules = self.flashinfer_dry_run.get("modules") or {}
+        return [
+            f"{name} ({(m.get('reasons') or ['out of date'])[0]})"
+            for name, m in modules.items()
+            if m.get("clean") is False
+        ]
+
+    @property
     def certificate(self) -> str:
         """Whether the workload compiled anything after warm-up, as vLLM's JIT monitor saw it. A
         Triton event is a kernel's first use in the process, compiled or loaded: the file delta

@@ -75,11 +75,13 @@ PHASE_MARKERS = (
     ("warm-up run", r"Warming up model for the compilation|Compiling a graph for|Directly load AOT compilation"),
     ("Dynamo trace", r"torchdynamo start tracing"),
     ("graph load or compile", r"torchdynamo done tracing|Dynamo bytecode transform time"),
+    ("warm-up run", r"done compiler function|Directly load the compiled graph|torch\.compile took"),
+    # With AOT off, vLLM times the compile and the profiling run as one (compilation/decorators.py).
     (
-        "warm-up run",
-        r"done compiler function|Directly load the compiled graph|torch\.compile (?:and initial \S+ )?took",
+        "KV cache",
+        r"Warming up done|Initial profiling/warmup run took|"
+        r"torch\.compile and initial profiling/warmup run together took",
     ),
-    ("KV cache", r"Warming up done|Initial profiling/warmup run took"),
     ("CUDA graph capture", r"Capturing CUDA graphs"),
     ("KV cache", r"Graph capturing finished"),
     ("engine ready", r"init engine \(profile, create kv cache, warmup model\) took"),
@@ -103,7 +105,7 @@ PHASE_NOTES = {
     "import": "no: Python and vLLM import (bytecode is cached already)",
     "engine start": "no: config, then EngineCore and worker processes spawned, each importing torch and vLLM",
     "weights": "no: reading the weights (storage and page cache)",
-    "model set-up": "no: building the model's modules",
+    "model set-up": "no: building the model's modules (and a hit's AOT load: vLLM logs it once done)",
     "Dynamo trace": "yes: torch's AOT compile (VLLM_USE_AOT_COMPILE=1) caches Dynamo's bytecode transform",
     "graph load or compile": "hit: compiled graphs loaded from the cache (compiles here on a miss)",
     "warm-up run": "no: running the model once (profiling) with the loaded kernels",
@@ -356,8 +358,10 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            stamper.join(timeout=30)
             raise WarmupError(
-                f"{label}: the engine ran past workload.timeout_s={recipe.workload.timeout_s}; log: {log_path}"
+                f"{label}: the engine ran past workload.timeout_s={recipe.workload.timeout_s}; log: {log_path}\n"
+                + _tail(log_path.read_text(errors="replace"))
             ) from None
         finally:
             # vLLM's spawned workers must not outlive the run, however it ends.
@@ -371,10 +375,10 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
             proc.stdout.close()
     wall = time.perf_counter() - t0
     text = log_path.read_text(errors="replace")
-    if rc != 0 or not result_path.exists():
-        tail = "\n".join(text.splitlines()[-25:])
-        raise WarmupError(f"{label}: the engine exited with code {rc}; log: {log_path}\n{tail}")
-    result = json.loads(result_path.read_text())
+    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    if rc != 0 or not result or "error" in result:
+        cause = f" ({result['error']})" if result.get("error") else ""
+        raise WarmupError(f"{label}: the engine exited with code {rc}{cause}; log: {log_path}\n{_tail(text)}")
     files = _files(root)  # walked once after the run: the census and vLLM's key both read it
     return EngineRun(
         result,
@@ -387,12 +391,31 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
     )
 
 
+def _tail(text: str) -> str:
+    return "\n".join(text.splitlines()[-25:])
+
+
 def _stamp_lines(pipe, log, t0: float) -> None:
-    """Copy the engine's output to its log, each line prefixed with when it arrived ("[+12.345] ",
-    seconds since the process started): vLLM's own timestamps are whole seconds, and its
-    processes (the front end, EngineCore, the workers) log on their own clocks."""
-    for line in iter(pipe.readline, b""):
-        log.write(b"[+%.3f] " % (time.perf_counter() - t0) + line)
+    """Copy the engine's output to its log, each line prefixed with when it began to arrive
+    ("[+12.345] ", seconds since the process started): vLLM's own timestamps are whole seconds, and
+    its processes (the front end, EngineCore, the workers) log on their own clocks. A progress
+    bar's carriage return ends a line too (tqdm's "Capturing CUDA graphs" writes no newline until
+    it closes), and what arrives goes to the log at once, for whoever follows a run that hangs."""
+    at_start = True
+    while chunk := pipe.read1(65536):
+        now = b"[+%.3f] " % (time.perf_counter() - t0)
+        out = bytearray()
+        for piece in re.split(rb"(\r\n|\r|\n)", chunk):
+            if piece in (b"\r\n", b"\r", b"\n"):
+                out += b"" if at_start else b"\n"  # no empty lines (nor the gap of a split \r\n)
+                at_start = True
+            elif piece:
+                out += now + piece if at_start else piece
+                at_start = False
+        log.write(out)
+        log.flush()
+    if not at_start:
+        log.write(b"\n")
     log.flush()
 
 

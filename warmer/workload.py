@@ -79,7 +79,11 @@ def run(spec: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     spec_path, result_path = Path(argv[0]), Path(argv[1])
-    result = run(json.loads(spec_path.read_text()))
+    try:
+        result = run(json.loads(spec_path.read_text()))
+    except Exception as e:  # the cause, for warmer's error: the log ends in vLLM's shutdown, not in it
+        result_path.write_text(json.dumps({"error": f"{type(e).__name__}: {e}"[:1000]}))
+        raise
     result_path.write_text(json.dumps(result))
     return 0
 

@@ -162,3 +162,29 @@ def test_the_jit_monitor_certifies_only_a_start_it_watched():
     # The CPU engine never switches it on: no certificate, however quiet the log.
     assert warmup.jit_monitor(CPU_COLD) == {"active": False, "events": 0, "examples": []}
     assert "not on in this start" in certificate(warmup.jit_monitor(CPU_COLD))
+
+
+def test_a_start_with_aot_off_times_its_kv_cache_and_cuda_graph_capture():
+    """With AOT off, vLLM logs the compile and the profiling run as one line (compilation/decorators.py):
+    what follows is the KV cache, then the CUDA graph capture (tqdm's bar, a line of its own in the log)."""
+    log = ("[+1.000] (Worker pid=1) INFO [gpu_model_runner.py:5149] Model loading took 1.2 GiB memory and 0.3 seconds\n"
+           "[+2.000] (Worker pid=1) INFO [decorators.py:707] [backbone] torch.compile and initial profiling/warmup "
+           "run together took 3.00 s in total\n"
+           "[+5.000] Capturing CUDA graphs (decode, FULL):   0%|          | 0/10 [00:00<?, ?it/s]\n"
+           "[+9.000] (Worker pid=1) INFO [gpu_model_runner.py:6581] Graph capturing finished in 4 secs, took 0.53 GiB\n"
+           "[+9.500] (EngineCore pid=1) INFO [core.py:402] init engine (profile, create kv cache, warmup model) took "
+           "8.50 s\n")
+    p = warmup.phases(log, wall_s=10.0)
+    assert p["CUDA graph capture"] == 4.0 and p["KV cache"] == 3.0 + 0.5, p
+
+
+def test_the_report_names_the_flashinfer_modules_ninja_would_rebuild():
+    """The ninja dry run is one of the verdict's inputs: when it alone says partial, the report
+    (exit 4) names the module and why, not only 0 recompiled files."""
+    from warmer.cli.verify import report
+
+    stale = {"clean": False, "modules": {"silu_and_mul": {"clean": False, "reasons": [
+        "output silu_and_mul.so older than most recent input silu_and_mul.cu"]}, "norm": {"clean": True}}}
+    result = verify.VerifyResult("partial", verify.FileDelta(0, 0, {}), (), {}, stale, {}, {}, {})
+    assert result.stale_modules == ["silu_and_mul (output silu_and_mul.so older than most recent input silu_and_mul.cu)"]
+    assert "FlashInfer's ninja would rebuild 1 module(s): silu_and_mul (output" in report(result)

@@ -248,6 +248,23 @@ def test_an_engine_arg_vllm_serve_has_no_flag_for_is_refused_at_load(tmp_path, v
         assert load(write(tmp_path, GOOD.replace("[engine]", f"[engine]\n{fine}"))).engine
 
 
+def test_a_prompt_length_that_leaves_no_room_for_output_is_refused_at_load(tmp_path, vllm_version):
+    """vLLM refuses a prompt of max_model_len tokens or more (vllm/v1/engine/input_processor.py),
+    but only after the whole cold start: the recipe says it at once, at the length's position."""
+    path = write(tmp_path, GOOD.replace("prompt_lengths = [8]", "prompt_lengths = [8, 256]"))
+    assert refused(path) == [f"{path}:15:1: workload.prompt_lengths holds 256, but engine.max_model_len is 256: "
+                             "vLLM refuses a prompt that leaves no room for one output token; give prompt lengths "
+                             "below 256, or raise max_model_len"]
+    assert load(write(tmp_path, GOOD.replace("prompt_lengths = [8]", "prompt_lengths = [8, 255]"))).workload
+
+
+def test_an_empty_sampling_list_is_refused(tmp_path, vllm_version):
+    """No [[workload.sampling]] table would send no request at all: nothing warmed, nothing said."""
+    path = write(tmp_path, GOOD + "sampling = []\n")
+    [message] = refused(path)
+    assert "workload.sampling must hold at least one [[workload.sampling]] table" in message, message
+
+
 def test_an_env_value_may_span_lines_and_hold_tabs(tmp_path, vllm_version):
     path = write(tmp_path, GOOD.replace('HF_HUB_OFFLINE = "1"', 'A = """{\n\t"k": 1\n}"""'))
     assert load(path).env["A"] == '{\n\t"k": 1\n}'

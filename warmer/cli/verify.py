@@ -80,6 +80,10 @@ def report(v: VerifyResult) -> str:
         lines.append(f"  {len(v.outside_root)} file(s) written outside the root, e.g. {v.outside_root[0]['path']}")
     if v.log_recompiles:
         lines.append("  vLLM log: " + ", ".join(f"{k} x{n}" for k, n in v.log_recompiles.items()))
+    if v.stale_modules:
+        lines.append(
+            f"  FlashInfer's ninja would rebuild {len(v.stale_modules)} module(s): {'; '.join(v.stale_modules[:3])}"
+        )
     lines.append(f"  {v.certificate}")
     lines.append(timings_table(v.cold, v.restored))
     table = phases_table(v.cold, v.restored)
