@@ -156,6 +156,27 @@ UNHASHED_ENGINE_ARGS = {
     "pt_load_map_location",
     "safetensors_load_strategy",
     "use_tqdm_on_load",
+    # LoggingConfig is in no compute_hash (vllm/config/vllm.py); SchedulerConfig's hashes only
+    # max_num_batched_tokens and max_num_seqs; the rest are on ModelConfig's ignore list, or fields of
+    # MultiModalConfig that its compute_hash leaves out, or set only those: `--log-level DEBUG` or
+    # `--shutdown-timeout 30` in a pod's command is no cold start.
+    "log_level",
+    "log_config_file",
+    "logging_config",
+    "shutdown_timeout",
+    "scheduling_policy",
+    "stream_interval",
+    "max_num_queued_reqs",
+    "logprobs_mode",
+    "skip_tokenizer_init",
+    "tokens_only",
+    "use_fp64_gumbel",
+    "aggregate_engine_logging",
+    "allowed_local_media_path",
+    "allowed_media_domains",
+    "mm_processor_cache_gb",
+    "mm_processor_cache_type",
+    "mm_shm_cache_max_object_size_mb",
 }
 
 

@@ -160,11 +160,23 @@ UNHASHED_PROBES = {
     "pt_load_map_location": ["--pt-load-map-location", "cpu"],
     "safetensors_load_strategy": ["--safetensors-load-strategy", "eager"],
     "use_tqdm_on_load": ["--no-use-tqdm-on-load"],
+    "log_level": ["--log-level", "DEBUG"], "logging_config": ["--logging-config.log_level", "DEBUG"],
+    "shutdown_timeout": ["--shutdown-timeout", "30"], "scheduling_policy": ["--scheduling-policy", "priority"],
+    "stream_interval": ["--stream-interval", "4"], "max_num_queued_reqs": ["--max-num-queued-reqs", "10"],
+    "logprobs_mode": ["--logprobs-mode", "processed_logits"], "skip_tokenizer_init": ["--skip-tokenizer-init"],
+    "tokens_only": ["--tokens-only"], "use_fp64_gumbel": ["--use-fp64-gumbel"],
+    "aggregate_engine_logging": ["--aggregate-engine-logging"],
+    "allowed_local_media_path": ["--allowed-local-media-path", "/tmp"],
+    "allowed_media_domains": ["--allowed-media-domains", "example.com"],
+    "mm_processor_cache_gb": ["--mm-processor-cache-gb", "1"],
+    "mm_processor_cache_type": ["--mm-processor-cache-type", "shm"],
+    "mm_shm_cache_max_object_size_mb": ["--mm-shm-cache-max-object-size-mb", "129"],
 }
 # Names only, or needing a set-up of their own (tracing, speculative decoding, multimodal inputs).
 UNPROBED = {"tokenizer", "collect_detailed_traces", "per_request_spec_decode_metrics", "kv_cache_metrics_sample",
             "custom_histogram_buckets", "cudagraph_metrics", "enable_layerwise_nvtx_tracing",
-            "enable_mm_processor_stats", "enable_logging_iteration_details"}
+            "enable_mm_processor_stats", "enable_logging_iteration_details",
+            "log_config_file"}  # names a logging config file: set, it must exist
 HASH = """
 import json, os, sys
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -202,6 +214,7 @@ def test_the_unhashed_engine_args_leave_vllms_compile_key_as_it_is(tmp_path):
     moved = [name for name, changed in zip(UNHASHED_PROBES, unhashed, strict=True) if changed]
     assert not moved, f"vLLM hashes {moved}: not what was warmed"
     assert not serving.hashed_extra_flags(["--gpu-memory-utilization", "0.9", "--no-enable-prefix-caching"])
+    assert not serving.hashed_extra_flags(["--log-level", "DEBUG", "--shutdown-timeout", "30"])
 
 
 # --- the CLI ----------------------------------------------------------------------------------
