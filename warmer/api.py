@@ -398,7 +398,13 @@ def serve_plan(
 
 def serve(plan: serving.ServePlan) -> None:
     """Replace this process with vLLM, as the plan says (never returns)."""
-    os.execvpe(plan.command[0], list(plan.command), plan.environ)
+    try:
+        os.execvpe(plan.command[0], list(plan.command), plan.environ)
+    except FileNotFoundError:  # execvpe names only the last PATH entry it tried
+        raise UsageError(
+            f"{plan.command[0]} is not on PATH ({plan.environ.get('PATH', os.defpath)}): run warmer serve "
+            "where vLLM is installed (its image, or the venv that has it)"
+        ) from None
 
 
 def write_env(env: EnvFile, path: PathLike, fmt: str = "dotenv") -> None:

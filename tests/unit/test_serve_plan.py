@@ -269,3 +269,15 @@ def test_a_root_that_is_a_symlink_is_served_with_the_warning_doctor_gives(tmp_pa
     out = run_warmer("serve", recipe, "--root", link, "--dry-run", env={**os.environ, "TMPDIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     assert f"the root {link} is a symlink to {real}" in out.stderr and "pass the real path" in out.stderr
+
+
+def test_serving_where_vllm_is_not_on_path_says_so(tmp_path):
+    """exec's own error names the last PATH entry tried (`No such file or directory: b'/bin/vllm'`):
+    warmer says that vLLM is not on PATH, and which PATH."""
+    from warmer import api
+    from warmer.envfile import EnvFile
+    from warmer.errors import UsageError
+
+    plan = serving.ServePlan(("vllm",), EnvFile.of({}, "test"), {"PATH": str(tmp_path)})
+    with pytest.raises(UsageError, match=f"vllm is not on PATH \\({tmp_path}\\)"):
+        api.serve(plan)
