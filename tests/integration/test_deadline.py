@@ -184,6 +184,21 @@ def test_publish_stops_a_slow_upload_at_its_deadline(tmp_path, s3_url, proxy):
     assert open_store(s3_url).list_blobs() == [] and open_store(s3_url).list_index() == []
 
 
+def test_a_registry_publish_waits_for_racers_no_longer_than_its_deadline(tmp_path, oci_registry, oci_env):
+    """After tagging, an OCI publish waits for racing publishers to land (settle_s, or twice the
+    time the tag took on a slow registry): never past the deadline, which then says so."""
+    from warmer.store.oci import OCIStore
+
+    packed = pack_with_big_file(tmp_path, 1 << 10)
+    deadline = Deadline(2.0, "publish")
+    store = OCIStore(oci_registry.url(oci_registry.repo()), settle_s=60.0, deadline=deadline)
+    t0 = time.monotonic()
+    with time_cap(60), pytest.raises(DeadlineExceeded, match="publish deadline of 2 s"):
+        build.publish(store, packed["artifact"], deadline=deadline)
+    took = time.monotonic() - t0
+    assert took < 2.0 + SLACK, f"{took:.1f} s for a 2 s deadline"
+
+
 def _stopped_within_two_seconds(proc: subprocess.Popen, proxy, rule, requests: int) -> None:
     """SIGTERM once the rule has met this many download requests, each in its slow read (a stalled
     answer is from the moment its request is in; a trickled one once its body has begun): exit 143

@@ -288,7 +288,8 @@ class OCIStore(Store):
         began = time.monotonic()
         tagged = self.registry.tag_digest(tag) is None and self._put_tag(tag, manifest, digest, what)
         if self.settle_s > 0:  # any racer whose HEAD also found the tag absent has landed its PUT by then
-            time.sleep(max(self.settle_s, 2 * (time.monotonic() - began)))
+            # never past the deadline: the read below then says the deadline passed
+            time.sleep(min(max(self.settle_s, 2 * (time.monotonic() - began)), self.registry.deadline.left()))
         return tagged and self.registry.tag_digest(tag) == digest
 
     def _put_tag(self, tag: str, manifest: bytes, digest: str, what: str) -> bool:
