@@ -789,14 +789,23 @@ def activate(
             warnings.append(_not_activated(e, root))
     if ready is not None:
         ready()
+    uid = owner[0] if owner else os.geteuid()
+    cold = cold_root(recipe, uid)
+    foreign = _replaceable(root)
+    if foreign is not None:  # marked as warmer's (prepare), the next fetch would replace what it holds
+        said = any(foreign in w for w in warnings)  # the restore refused it for this
+        warnings.append(
+            f"{root} is left as it is (not warmer's), and the env points vLLM at {cold} (a cold start)"
+            if said
+            else f"{foreign}; it is left as it is, and the env points vLLM at {cold} (a cold start)"
+        )
+        return Activation(status, cold, restored, tuple(warnings))
     try:
         problem = prepare(root, owner)
     except OSError as e:
         problem = f"cannot prepare it ({e.strerror}: {e.filename or root})"
     if problem is None:
         return Activation(status, root, restored, tuple(warnings))
-    uid = owner[0] if owner else os.geteuid()
-    cold = cold_root(recipe, uid)
     warnings.append(
         f"{root} is not writable by uid {uid}, the user vLLM runs as: {problem}; vLLM would crash on its lock "
         f"files there, so the env points it at {cold} (a cold start). {ownership_fix(root, uid)}"

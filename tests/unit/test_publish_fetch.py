@@ -108,6 +108,23 @@ def test_a_corrupt_blob_is_never_activated(published, tmp_path):
     assert not list(tmp_path.glob(".node-root.staging-*"))
 
 
+@pytest.mark.parametrize("offered", [True, False], ids=["refused", "miss"])
+def test_a_root_of_someone_elses_files_is_left_as_it_is_fetch_after_fetch(published, tmp_path, offered):
+    """fetch refuses to replace a root warmer did not make; it must not mark it as warmer's either,
+    or the next fetch (a pod restart, the prefetch timer's next round) replaces it whole. vLLM is
+    sent to a cold directory of its own meanwhile."""
+    root = tmp_path / "node-root"
+    root.mkdir()
+    (root / "my-notes.txt").write_text("precious")
+    recipe = published["recipe"] if offered else tiny_recipe(max_model_len=4096)  # a recipe nobody built
+    for _ in range(2):
+        got = fetch.fetch(recipe, published["store"].url, root)
+        assert got.status in ("error", "miss"), got.status
+        assert sorted(p.name for p in root.iterdir()) == ["my-notes.txt"]
+        assert not str(got.env.vars["VLLM_CACHE_ROOT"]).startswith(str(root)), got.env.vars
+        assert any("warmer did not put there" in w for w in got.warnings), got.warnings
+
+
 def test_miss_exits_zero_with_env_unless_required(published, tmp_path):
     recipe_file = _recipe_file(tmp_path, max_model_len=4096)  # a recipe nobody built
     env_file = tmp_path / "vllm.env"
