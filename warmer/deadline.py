@@ -148,3 +148,34 @@ class Deadline:
 
 def unbounded() -> Deadline:
     return Deadline(None)
+
+
+def map_on_daemon_threads(fn, items: list, threads: int) -> list:
+    """[fn(item) for item in items], on up to threads daemon threads; the first error is raised.
+    Not a ThreadPoolExecutor: the interpreter joins its workers at exit, so a listing a fetch's
+    deadline or SIGTERM abandoned held the process for every request still waiting on a stalled
+    store (a read timeout each); daemon threads end with it."""
+    out: list = [None] * len(items)
+    todo = iter(enumerate(items))
+    lock = threading.Lock()
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        while not failed:
+            with lock:
+                nxt = next(todo, None)
+            if nxt is None:
+                return
+            try:
+                out[nxt[0]] = fn(nxt[1])
+            except BaseException as e:  # handed to the caller's thread
+                failed.append(e)
+
+    workers = [threading.Thread(target=work, name="warmer-map", daemon=True) for _ in range(min(threads, len(items)))]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    if failed:
+        raise failed[0]
+    return out

@@ -16,14 +16,17 @@ from typing import Any
 from warmer import compat
 from warmer.artifact import Artifact, Layer
 from warmer.compat import Decision
+from warmer.deadline import map_on_daemon_threads
 from warmer.entry import BlobRef, IndexEntry
 from warmer.errors import UntrustedInput
 from warmer.fingerprint import Fingerprint
 from warmer.recipe import Recipe
 from warmer.store import Store
 
-# How many index entries a miss reads to name the nearest artifact (and offer a partial hit).
-NEAREST_LIMIT = 50
+# How many index entries a miss reads to name the nearest artifact (and offer a partial hit), 8
+# at a time: the listing is in key order, which says nothing of fit, so a recipe's whole history
+# (its SKUs times gc's --keep) is read where it can be.
+NEAREST_LIMIT = 400
 
 
 @dataclass(frozen=True)
@@ -217,16 +220,21 @@ def _rank(c: Candidate) -> tuple:
 def explain(store: Store, recipe: Recipe, node: Fingerprint, *, limit: int | None = None) -> Explanation:
     """Every artifact of recipe in store (the first `limit` index entries when given), ranked."""
     node_key = compat.key(node, recipe.identity())
-    candidates, unreadable = [], []
-    for name, key in store.list_index(recipe.name)[:limit]:
+
+    def judged(rk: tuple[str, str]) -> Candidate | tuple[str, str] | None:
+        name, key = rk
         try:
             raw = store.get_index(name, key)
             if raw is None:
-                continue  # removed since the listing (gc)
-            candidates.append(candidate(IndexEntry.read(raw, name, key), recipe, node, node_key))
+                return None  # removed since the listing (gc)
+            return candidate(IndexEntry.read(raw, name, key), recipe, node, node_key)
         except UntrustedInput as e:
-            unreadable.append((key, f"index entry unreadable: {e}"))
-    candidates.sort(key=_rank)
+            return key, f"index entry unreadable: {e}"
+
+    # daemon threads: a fetch's deadline abandons a stalled read (deadline.call)
+    found = map_on_daemon_threads(judged, store.list_index(recipe.name)[:limit], 8)
+    candidates = sorted((c for c in found if isinstance(c, Candidate)), key=_rank)
+    unreadable = [u for u in found if isinstance(u, tuple)]
     return Explanation(
         recipe.name,
         store.url,

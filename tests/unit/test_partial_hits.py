@@ -278,3 +278,22 @@ def test_a_partial_hit_of_inductor_serves_with_the_aot_setting_the_build_added(t
     del env[build.AOT_ENV]
     lost = outlook(recipe, root, marker.artifact, env, node=node, components=marker.components)
     assert any(f.subject == build.AOT_ENV and f.severity == ERROR for f in lost.findings), lost.findings
+
+
+def test_a_miss_reads_the_recipes_whole_history_for_its_nearest_artifact(tmp_path):
+    """The index lists entries in key order, which says nothing of fit: the nearest-artifact search
+    (and the partial hit it offers) read only the first 50, so a fitting SXM build listed later
+    was never offered. 60 builds of the recipe on other Triton versions: all are judged."""
+    from warmer import explain
+
+    root = tmp_path / "root"
+    make_cache_tree(root)
+    sxm = fingerprint.probe(root=root, model="/models/tiny").with_gpus(_gpus("h100-sxm"))
+    store = open_store(f"file://{tmp_path / 'store'}")
+    for i in range(60):
+        art = tmp_path / f"a{i}.tar.zst"
+        build.pack_root(root, tiny_recipe(), art, fp=nodes.edit(sxm, **{"packages.triton": f"9.{i}.0"}))
+        build.publish(store, art)
+    node = sxm.with_gpus(_gpus("h100-pcie"))
+    seen = explain.explain(store, tiny_recipe(), node, limit=explain.NEAREST_LIMIT)
+    assert len(seen.candidates) == 60 and not seen.unreadable

@@ -11,11 +11,10 @@ import hashlib
 import json
 import os
 import re
-import threading
 import time
 from datetime import UTC, datetime
 
-from warmer.deadline import Deadline
+from warmer.deadline import Deadline, map_on_daemon_threads
 from warmer.errors import UsageError
 from warmer.store import (
     HEX64,
@@ -509,7 +508,7 @@ class OCIStore(Store):
                 return name, key
             return None  # not a warmer artifact, or annotated for another tag: not an entry
 
-        return sorted({rk for rk in _map_on_daemon_threads(key_of, candidates, 8) if rk})
+        return sorted({rk for rk in map_on_daemon_threads(key_of, candidates, 8) if rk})
 
     def pinned_by(self, recipe: str, key: str) -> str | None:
         got = self.registry.get_manifest(index_tag(recipe, key))
@@ -555,36 +554,3 @@ class OCIStore(Store):
             if isinstance(found, str) and DIGEST.match(found):
                 sha = found[len("sha256:") :]
                 self._released[sha] = Blob(sha, size if isinstance(size, int) else 0, when)
-
-
-def _map_on_daemon_threads(fn, items: list, threads: int) -> list:
-    """[fn(item) for item in items], on up to threads daemon threads; the first error is raised.
-    Not a ThreadPoolExecutor: the interpreter joins its workers at exit, so a listing a fetch's
-    deadline or SIGTERM abandoned held the process for every request still waiting on a stalled
-    registry (a read timeout each); daemon threads end with it."""
-    out: list = [None] * len(items)
-    todo = iter(enumerate(items))
-    lock = threading.Lock()
-    failed: list[BaseException] = []
-
-    def work() -> None:
-        while not failed:
-            with lock:
-                nxt = next(todo, None)
-            if nxt is None:
-                return
-            try:
-                out[nxt[0]] = fn(nxt[1])
-            except BaseException as e:  # handed to the caller's thread
-                failed.append(e)
-
-    workers = [
-        threading.Thread(target=work, name="warmer-oci-list", daemon=True) for _ in range(min(threads, len(items)))
-    ]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join()
-    if failed:
-        raise failed[0]
-    return out
