@@ -728,6 +728,8 @@ def parse(argv: list[str]):
     bad = [c for c in checks if c not in CHECKS]
     if bad:
         p.error(f"unknown check(s) {bad}; choose from {', '.join(CHECKS)}")
+    if opts.negative in CHECKS and opts.negative not in checks:  # said before the work, not after it
+        p.error(f"--negative={opts.negative} deletes a cache of a check --checks leaves out: add it to --checks")
     opts.check_list = checks
     return opts
 

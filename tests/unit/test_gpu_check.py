@@ -485,6 +485,35 @@ def test_the_device_run_returns_each_processs_logs_when_the_check_wrote_no_repor
         assert f"./check/gpu-check-logs/{phase}/triton-autotune/output.log" in names, sorted(names)
         assert f"./check/gpu-check-logs/{phase}/triton-autotune/result.json" in names
 
+
+def test_a_negative_control_the_budget_stops_makes_the_run_incomplete_not_failed(tmp_path):
+    """A negative control killed by the budget proved nothing either way: it is said STOPPED and the
+    run ends INCOMPLETE, not FAIL ("a cache's counters are blind"). (Here the interpreter passes the
+    check at once, and each negative control outlasts a budget of 4 s.)"""
+    py = tmp_path / "python"
+    py.write_text("#!/bin/sh\n"
+                  'case "$*" in *gpu_check.py*--negative*) exec sleep 60;; *gpu_check.py*) echo "gpu-check: PASS"; '
+                  "exit 0;; esac\n"
+                  f'exec {shlex.quote(sys.executable)} "$@"\n')
+    py.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "WARMER_GPU_CHECK_DIR": str(tmp_path / "work"),
+           "WARMER_GPU_WHEELS": str(tmp_path / "no-wheels"), "PYTHON": str(py), "WARMER_DEVICE_BUDGET_S": "4",
+           "WARMER_DEVICE_NEGATIVE_S": "2"}
+    (tmp_path / "out").mkdir()
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu-device-run.sh"), "--cpu"], cwd=str(REPO), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "negative torch-compile: STOPPED by the budget of 4 s" in proc.stdout, proc.stdout
+    assert "gpu-device-run: INCOMPLETE" in proc.stdout and "WRONG" not in proc.stdout, proc.stdout
+
+
+def test_a_negative_control_of_a_check_not_run_is_refused_before_any_work(tmp_path):
+    proc = gpu_check_sh(tmp_path / "work", "--cpu", "--checks", "flashinfer-jit", "--negative=torch-compile",
+                        timeout=60)
+    assert proc.returncode == 2 and "--negative=torch-compile deletes a cache of a check --checks leaves out" \
+        in proc.stderr, proc.stdout + proc.stderr
+
+
 # ------------------------------------------------------------------------------- the wheels
 
 NETWORK_TROUBLE = ("Network is unreachable", "Failed to establish a new connection", "Temporary failure in name",
