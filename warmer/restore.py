@@ -791,7 +791,10 @@ def activate(
         ready()
     uid = owner[0] if owner else os.geteuid()
     cold = cold_root(recipe, uid)
-    foreign = _replaceable(root)
+    try:
+        foreign = _replaceable(root)
+    except OSError:  # a root this user cannot look into, or a file: prepare below says why
+        foreign = None
     if foreign is not None:  # marked as warmer's (prepare), the next fetch would replace what it holds
         said = any(foreign in w for w in warnings)  # the restore refused it for this
         warnings.append(

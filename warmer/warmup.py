@@ -375,7 +375,12 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
             proc.stdout.close()
     wall = time.perf_counter() - t0
     text = log_path.read_text(errors="replace")
-    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    try:  # the child's file: empty or cut short when its own write failed (a full disk)
+        result = json.loads(result_path.read_text())
+    except (OSError, ValueError):
+        result = {}
+    if not isinstance(result, dict):
+        result = {}
     if rc != 0 or not result or "error" in result:
         cause = f" ({result['error']})" if result.get("error") else ""
         raise WarmupError(f"{label}: the engine exited with code {rc}{cause}; log: {log_path}\n{_tail(text)}")

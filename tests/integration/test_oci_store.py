@@ -250,6 +250,24 @@ def test_an_unreadable_entry_is_listed_so_and_rm_removes_it(oci_registry, oci_en
     assert [r["key"] for r in cli_json("ls", "--store", url)] == [newer]
 
 
+def test_a_config_that_never_arrives_whole_is_a_store_error_not_an_unreadable_entry(oci_registry, oci_proxy,
+                                                                                    oci_env, artifact, tmp_path):
+    """A link that cuts every read of an entry's config short says nothing of the entry: ls fails
+    with the network to blame, and lists no healthy artifact as UNREADABLE (for gc to refuse, or
+    for someone to rm)."""
+    repo = oci_registry.repo()
+    build.publish(open_store(oci_registry.url(repo)), artifact["artifact"])
+    base = f"http://{oci_registry.host}/v2/{repo}"
+    manifest = json.loads(http("GET", f"{base}/manifests/{index_tag('tiny', artifact['doc']['key'])}",
+                               {"Accept": MANIFEST_TYPE})[2])
+    config = manifest["config"]["digest"]
+    oci_proxy.inject("truncate", lambda r: r.method == "GET" and r.path.endswith(f"/blobs/{config}"), times=None)
+    url = f"oci://127.0.0.1:{oci_proxy.url.rsplit(':', 1)[1]}/{repo}"
+    out = run_warmer("ls", "--store", url, env={**os.environ, "WARMER_OCI_MAX_ATTEMPTS": "2"})
+    assert out.returncode != 0 and "never arrived whole" in out.stderr, out.stdout + out.stderr
+    assert "UNREADABLE" not in out.stdout
+
+
 def test_the_cli_finds_credentials_where_docker_keeps_them(oci_htpasswd_registry, oci_env, artifact, tmp_path,
                                                            monkeypatch):
     reg = oci_htpasswd_registry

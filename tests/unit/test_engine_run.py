@@ -41,6 +41,8 @@ class LLM:
         time.sleep(0.05)  # the capture itself
         sys.stdout.write("\\rCapturing CUDA graphs (decode, FULL): 100%|##########| 10/10\\n")
         print("(Worker pid=1) INFO Graph capturing finished in 1 secs, took 0.53 GiB", flush=True)
+        if os.environ.get("STAND_IN_NO_RESULT"):  # the child cannot write its result (a full disk, say)
+            os.makedirs(sys.argv[2])
         if os.environ.get("STAND_IN_FAIL"):
             raise ValueError(os.environ["STAND_IN_FAIL"])
         for i in range(60):  # what vLLM prints as it shuts down: the cause scrolls out of any tail
@@ -72,3 +74,16 @@ def test_a_failed_engine_is_reported_with_its_cause_and_its_log_as_it_ran(stand_
     # the bar's first state is a line of its own, stamped when it came (before the capture ended)
     assert any(line.startswith("[+") and line.endswith("0/10") for line in log.splitlines()), log[-2000:]
     assert warmup.phases(log).get("CUDA graph capture", 0) > 0
+
+
+def test_an_engine_that_could_not_write_its_result_is_a_warmup_error(stand_in, tmp_path):
+    """The child writes the cause into its result file; where that write fails too, the error is
+    still warmer's own (exit code, log, tail), not a traceback of reading the file."""
+    env, model = stand_in
+    work = tmp_path / "work"
+    env |= {"STAND_IN_LOG": str(warmup.engine_log(work, "cold")), "STAND_IN_FAIL": "No space left on device",
+            "STAND_IN_NO_RESULT": "1"}
+    recipe = tiny_recipe(str(model))
+    recipe = replace(recipe, workload=replace(recipe.workload, timeout_s=60))
+    with pytest.raises(WarmupError, match="the engine exited with code 1; log: "):
+        warmup.run_engine(recipe, tmp_path / "root", work, "cold", extra_env=env)

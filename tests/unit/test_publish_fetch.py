@@ -125,6 +125,22 @@ def test_a_root_of_someone_elses_files_is_left_as_it_is_fetch_after_fetch(publis
         assert any("warmer did not put there" in w for w in got.warnings), got.warnings
 
 
+def test_a_root_this_user_cannot_look_into_is_a_cold_start_not_a_crash(published, tmp_path, monkeypatch):
+    """A root of another user's with mode 0700: looking for warmer's marker in it raises EACCES.
+    These tests run as root, which no mode stops, so the lookup's PermissionError is raised here
+    by hand (a stand-in); what follows it is the real fetch."""
+    root = tmp_path / "node-root"
+
+    def denied(path):
+        raise PermissionError(13, "Permission denied", str(path / restore.MARKER))
+
+    monkeypatch.setattr(restore, "_replaceable", denied)
+    monkeypatch.setattr(restore, "prepare", lambda root, owner=None: "cannot prepare it (Permission denied)")
+    got = fetch.fetch(tiny_recipe(max_model_len=4096), published["store"].url, root)
+    assert got.status == "miss" and any("not writable" in w for w in got.warnings), got.warnings
+    assert not str(got.env.vars["VLLM_CACHE_ROOT"]).startswith(str(root)), got.env.vars
+
+
 def test_miss_exits_zero_with_env_unless_required(published, tmp_path):
     recipe_file = _recipe_file(tmp_path, max_model_len=4096)  # a recipe nobody built
     env_file = tmp_path / "vllm.env"

@@ -55,7 +55,12 @@ class Unreachable(StoreError):
 
 
 class Garbled(StoreError):
-    """A small body (a manifest, a config) arrived cut short or altered every time it was read."""
+    """A small body (a manifest, a config) arrived cut short or altered every time it was read.
+    mismatched: some read arrived whole and was refused (its bytes are bad), not only broken off."""
+
+    def __init__(self, message: str, mismatched: bool = False):
+        super().__init__(message)
+        self.mismatched = mismatched
 
 
 class Registry:
@@ -216,6 +221,7 @@ class Registry:
     def get_small(self, url: str, what: str, limit: int, headers: dict | None = None, check=None):
         """(response, body) of a GET whose body is at most limit bytes (more is cut off at limit + 1),
         read again when it arrives cut short or check(body) refuses it; body None unless 200."""
+        refused = False
         for attempt in range(1, self.attempts + 1):
             resp = self.request("GET", url, what=what, action="read", stream=True, headers=headers)
             with resp:
@@ -228,11 +234,13 @@ class Registry:
                     body = None
             if body is not None and (check is None or check(body)):
                 return resp, body
+            refused = refused or body is not None
             if attempt < self.attempts:
                 self.backoff(attempt, "cut short or altered", f"GET {what}")
         raise Garbled(
             f"{what} from {self.host} arrived cut short or altered {self.attempts} times: check the "
-            "network and the registry"
+            "network and the registry",
+            mismatched=refused,
         )
 
     # -- errors -------------------------------------------------------------------------------

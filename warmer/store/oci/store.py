@@ -269,7 +269,12 @@ class OCIStore(Store):
                 size,
                 check=lambda b: "sha256:" + hashlib.sha256(b).hexdigest() == digest,
             )
-        except Garbled:  # a part of the entry: it is unreadable (ls lists it so, rm removes it)
+        except Garbled as e:  # bytes that never hashed (not a body cut short each time): unreadable
+            if not e.mismatched:
+                raise StoreError(
+                    f"the config of {what} never arrived whole from {self.url} in {self.registry.attempts} "
+                    "reads: check the network to the registry"
+                ) from None
             raise UnreadableEntry(
                 f"the config of {what} from {self.url} did not hash to {digest} in {self.registry.attempts} "
                 "reads: corrupt in the registry or altered on the way; not used"
