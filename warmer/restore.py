@@ -521,7 +521,8 @@ def _replaceable(root: Path) -> str | None:
         return None
     if (root / MARKER).is_file() or (root / PREPARED).is_file():
         return None
-    if not any(root.iterdir()):
+    # empty, or only the cache directories warmer points vLLM at: its mark lost (a cleaner of old files)
+    if {p.name for p in root.iterdir()} <= {c.subdir.split("/")[0] for c in components.ALL}:
         return None
     return (
         f"{root} holds files warmer did not put there (no {MARKER} or {PREPARED}): a restore would replace "

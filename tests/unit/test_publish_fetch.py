@@ -125,6 +125,16 @@ def test_a_root_of_someone_elses_files_is_left_as_it_is_fetch_after_fetch(publis
         assert any("warmer did not put there" in w for w in got.warnings), got.warnings
 
 
+def test_a_root_of_cache_directories_alone_is_warmers_even_without_its_mark(published, tmp_path):
+    """A root that lost .warmer-root (a cleaner of old files) but holds nothing but the caches warmer
+    points vLLM at is still restored into, not left cold for good."""
+    root = tmp_path / "node-root"
+    restore.prepare(root)
+    (root / "vllm" / "modelinfos.json").write_text("{}")
+    (root / restore.PREPARED).unlink()
+    assert fetch.fetch(published["recipe"], published["store"].url, root).status == "hit"
+
+
 def test_a_root_this_user_cannot_look_into_is_a_cold_start_not_a_crash(published, tmp_path, monkeypatch):
     """A root of another user's with mode 0700: looking for warmer's marker in it raises EACCES.
     These tests run as root, which no mode stops, so the lookup's PermissionError is raised here
