@@ -223,8 +223,8 @@ def _files_of(art, manifest: bytes):
 def test_an_oci_config_enters_the_entry_as_its_bytes_only_when_it_is_one_object():
     """An OCI store's entry carries the config blob (artifact.json) as its bytes, so that the
     node's reader finds the files list unparsed; bytes that are not one JSON object (one that
-    would add fields to the entry, say) are refused, never spliced in."""
-    from warmer.store import StoreError
+    would add fields to the entry, say) are refused, never spliced in: an unreadable entry."""
+    from warmer.store import UnreadableEntry
     from warmer.store.oci import ANN_CREATED, ANN_KEY, ANN_RECIPE, LAYER_TYPE, OCIStore
     art = _artifact(_entries(5))
     store = OCIStore("oci://127.0.0.1:1/warmer")
@@ -234,7 +234,7 @@ def test_an_oci_config_enters_the_entry_as_its_bytes_only_when_it_is_one_object(
     assert art.canonical.rstrip(b"\n") in data
     assert IndexEntry.read(data, "tiny", "a" * 64).artifact == art
     for bad in (b'{"a":1},"recipe":"other"', b"[1]", b'"x"', b"{", art.canonical + b"{}"):
-        with pytest.raises(StoreError, match="unreadable"):
+        with pytest.raises(UnreadableEntry, match="unreadable"):
             store._entry(manifest, bad, "entry")
 
 
