@@ -409,7 +409,8 @@ def gc(
             e for e in group[keep:] if older_than_days is None or now - e.published_at > timedelta(days=older_than_days)
         ]
     pins = [(e, by) for e in drop if (by := store.pinned_by(e.recipe, e.key))]  # deleting would delete the name too
-    drop = [e for e in drop if all(e is not p for p, _ in pins)]
+    pinned = {(e.recipe, e.key) for e, _ in pins}
+    drop = [e for e in drop if (e.recipe, e.key) not in pinned]
     dropped = {(e.recipe, e.key) for e in drop}
     counts = namings(entries)
     kept = [e for e in entries if (e.recipe, e.key) not in dropped]

@@ -378,9 +378,8 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
     try:  # the child's file: empty or cut short when its own write failed (a full disk)
         result = json.loads(result_path.read_text())
     except (OSError, ValueError):
-        result = {}
-    if not isinstance(result, dict):
-        result = {}
+        result = None
+    result = result if isinstance(result, dict) else {}
     if rc != 0 or not result or "error" in result:
         cause = f" ({result['error']})" if result.get("error") else ""
         raise WarmupError(f"{label}: the engine exited with code {rc}{cause}; log: {log_path}\n{_tail(text)}")
