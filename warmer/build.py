@@ -154,17 +154,22 @@ def build(
     root = restore.check_root(root)
     store = open_store(store_url) if isinstance(store_url, str) else store_url
     build_time()  # a malformed SOURCE_DATE_EPOCH is said now, not at the pack after a cold warm-up
+    signer = signing.key_id(sign_key) if sign_key else None  # and a key that cannot sign, not at the publish
     warmup.require_model(recipe)  # at once: not after the fingerprint and seconds of engine start-up
     with progress.step(f"build: fingerprint and {store.url} check") as s:
         target = Target.of(recipe, root)
         warnings = tuple(compat.volatile_warnings(recipe.env) + recipe.warnings())
         store.prepare()
-        published = store.get_index(recipe.name, target.key) is not None
+        raw = store.get_index(recipe.name, target.key)
         s.done(
-            f"key {target.key[:16]}, " + ("already published: nothing to build" if published else "not published yet")
+            f"key {target.key[:16]}, "
+            + ("already published: nothing to build" if raw is not None else "not published yet")
         )
-    if published:  # whatever the root holds: a job run again on a kept root has nothing to do
-        return BuildResult(recipe.name, target.key, store.url, "already-published", warnings=warnings)
+    if raw is not None:  # whatever the root holds: a job run again on a kept root has nothing to do
+        kept = _kept_signature(store, raw, recipe.name, target.key, signer) if signer else None
+        return BuildResult(
+            recipe.name, target.key, store.url, "already-published", warnings=warnings + ((kept,) if kept else ())
+        )
     with _claimed(root):
         if root.exists() and any(root.iterdir()):
             raise BuildError(
@@ -459,6 +464,7 @@ class PublishResult:
     bytes_uploaded: int | None = None  # a layered publish, or a mend: the bytes of the blobs the store lacked
     mended: tuple[str, ...] | None = None  # already published: the blobs of its entry uploaded again
     missing_blobs: tuple[str, ...] | None = None  # already published: blobs its entry names, in neither store nor file
+    warnings: tuple[str, ...] | None = None  # already published: its entry signed by another key than the one given
 
     def to_json(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items() if v is not None}
@@ -507,7 +513,9 @@ def publish(
     store.prepare()
     raw = deadline.call(lambda: store.get_index(name, key), "reading the index entry")
     if raw is not None:
-        return _mend(store, path, art, raw, replace(result, published_blob=_blob_named(raw, name, key)), deadline)
+        kept = _kept_signature(store, raw, name, key, signature.key_id) if signature else None
+        result = replace(result, published_blob=_blob_named(raw, name, key), warnings=(kept,) if kept else None)
+        return _mend(store, path, art, raw, result, deadline)
     if layers:
         return _publish_layers(store, path, art, signature, result, deadline)
     deadline.check("uploading the blob")
@@ -521,6 +529,33 @@ def publish(
     if uploaded and winner is not None and winner != digest:
         removed = _remove_own_blob(store, path, digest, name, key)
     return replace(result, blob_uploaded=uploaded, published_blob=winner, removed_own_blob=removed)
+
+
+def _kept_signature(store: Store, raw: bytes, name: str, key: str, signer: str) -> str | None:
+    """Asked to sign a key that is published already (its entry never changes): why the entry is not
+    signed by signer. Unsigned is an error: every node with trusted keys refuses it, and the job did
+    not do what it was asked. Another key's signature is a warning: a planned key rotation, which
+    nodes trusting both keys ride through."""
+    try:
+        entry = IndexEntry.read(raw, name, key)
+    except WarmerError:  # unreadable: `warmer ls` and `warmer rm` show and fix that
+        return None
+    held = entry.signature.key_id if entry.signature else None
+    if held == signer:
+        return None
+    fix = (
+        f"to sign it with key {signer}, `warmer rm {store.url}/index/{name}/{key} --yes`, then publish "
+        "the artifact again with --sign-key"
+    )
+    if held is None:
+        raise BuildError(
+            f"recipe {name}, key {key[:16]} is already published unsigned (a published entry never changes), "
+            f"and nodes with trusted keys refuse it: {fix}"
+        )
+    return (
+        f"recipe {name}, key {key[:16]} stays published signed by key {held}, not {signer} (a published entry "
+        f"never changes): nodes that no longer trust key {held} refuse it; {fix}"
+    )
 
 
 def _mend(

@@ -181,11 +181,9 @@ def still_intact(marker: Marker, root: Path, trusted_keys=()) -> str | None:
 
     Cheap enough for every no-op fetch: a signature check of artifact.json (with trusted keys)
     and one lstat per file, sizes compared."""
-    if trusted_keys:
-        try:
-            signing.verify(marker.artifact.canonical, marker.signature, list(trusted_keys))
-        except signing.SignatureError as e:
-            return f"its marker's artifact.json is not signed by a trusted key ({e})"
+    distrust = _distrusted(marker, trusted_keys)
+    if distrust:
+        return distrust
     shared = workspace.Workspace.of(marker.artifact, root) if marker.holds_component("flashinfer") else None
     if shared is not None:  # its FlashInfer files are the shared workspace's units, from any artifact of its key
         if not shared.linked(root):
@@ -196,6 +194,16 @@ def still_intact(marker: Marker, root: Path, trusted_keys=()) -> str | None:
         if lost:
             return f"the shared FlashInfer workspace {shared.path} lacks {len(lost)} of its unit(s) ({lost[0]})"
     return _lacking(marker, root, shared is not None)
+
+
+def _distrusted(marker: Marker, trusted_keys) -> str | None:
+    """Why, with trusted keys, the artifact a marker names is not to be served; None when it is."""
+    if trusted_keys:
+        try:
+            signing.verify(marker.artifact.canonical, marker.signature, list(trusted_keys))
+        except signing.SignatureError as e:
+            return f"its marker's artifact.json is not signed by a trusted key ({e})"
+    return None
 
 
 def _lacking(marker: Marker, root: Path, shared: bool) -> str | None:
@@ -802,6 +810,14 @@ def activate(
             f"{root} is left as it is (not warmer's), and the env points vLLM at {cold} (a cold start)"
             if said
             else f"{foreign}; it is left as it is, and the env points vLLM at {cold} (a cold start)"
+        )
+        return Activation(status, cold, restored, tuple(warnings))
+    held = active(root) if status not in (*ACTIVE, PARTIAL) else None
+    distrust = _distrusted(held, options.get("trusted_keys")) if held else None
+    if held and distrust:  # restored before the keys were set or rotated: what it holds is not to be loaded
+        warnings.append(
+            f"{root} holds artifact {held.artifact.id[:12]}, but {distrust}: it is left as it is (a "
+            f"trusted artifact replaces it), and the env points vLLM at {cold} (a cold start)"
         )
         return Activation(status, cold, restored, tuple(warnings))
     try:

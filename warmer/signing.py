@@ -61,6 +61,7 @@ def _key_id(public_key) -> str:
 
 
 def _load(path: str | Path, private: bool):
+    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
@@ -77,6 +78,10 @@ def _load(path: str | Path, private: bool):
         )
     except (ValueError, TypeError) as e:
         raise KeyFileError(f"{path}: not an unencrypted PEM {kind} key ({e})") from e
+    except UnsupportedAlgorithm as e:  # a curve this OpenSSL does not load (SM2, or one a FIPS build bars)
+        raise KeyFileError(
+            f"{path}: not an Ed25519 key ({e}); make one with `openssl genpkey -algorithm ed25519`"
+        ) from e
     wanted = ed25519.Ed25519PrivateKey if private else ed25519.Ed25519PublicKey
     if not isinstance(key, wanted):
         raise KeyFileError(f"{path}: not an Ed25519 key; make one with `openssl genpkey -algorithm ed25519`")
@@ -90,6 +95,12 @@ def check_public_keys(paths) -> None:
         _load(p, private=False)
 
 
+def key_id(private_key: str | Path) -> str:
+    """The key id of a private key file's signatures; a KeyFileError (a usage error) when it cannot
+    sign, said before a build's warm-up rather than at its publish."""
+    return _key_id(_load(private_key, private=True).public_key())
+
+
 def sign(manifest: bytes, private_key: str | Path) -> Signature:
     key = _load(private_key, private=True)
     return Signature(ALG, _key_id(key.public_key()), base64.b64encode(key.sign(manifest)).decode())
@@ -101,7 +112,8 @@ def verify(manifest: bytes, signature: Signature | None, trusted_keys: list[str 
 
     if signature is None:
         raise SignatureError(
-            "the artifact is unsigned and trusted keys are configured: refused (publish it with --sign-key)"
+            "the artifact is unsigned and trusted keys are configured: refused (sign it: `warmer rm` its "
+            "unsigned entry, then publish it again with --sign-key)"
         )
     if signature.alg != ALG:
         raise SignatureError(f"signature algorithm {signature.alg!r} is not {ALG}")

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from tests.conftest import REPO, tiny_recipe
-from warmer import build, fetch, restore, signing
+from warmer import api, build, fetch, restore, signing
 from warmer.store import open_store
 
 
@@ -57,6 +57,60 @@ def test_unsigned_artifact_is_refused_when_keys_are_configured(setup):
     assert fetch.fetch(tiny_recipe(), setup["store"], node).status == "hit"
 
 
+def _served_root(got) -> str:
+    return got.env.vars["TORCHINDUCTOR_CACHE_DIR"].rsplit("/", 1)[0]
+
+
+def test_a_root_the_trusted_keys_do_not_cover_is_not_served(setup):
+    """Signing turned on after nodes restored unsigned, or a leaked key dropped: the refused (or
+    absent) entry leaves the root's old code in place, and vLLM must not be pointed at it."""
+    private, public = setup["keys"]["builder"]
+    stranger = setup["keys"]["stranger"][1]
+    build.publish(open_store(setup["store"]), setup["artifact"], str(private))
+    node = setup["tmp"] / "node"
+    assert fetch.fetch(tiny_recipe(), setup["store"], node, trusted_keys=[public, stranger]).status == "hit"
+    before = restore.active(node).artifact.id
+    rotated = fetch.fetch(tiny_recipe(), setup["store"], node, trusted_keys=[stranger])
+    assert rotated.status == "untrusted" and _served_root(rotated) != str(node)
+    assert any("not signed by a trusted key" in w and "cold start" in w for w in rotated.warnings), rotated.warnings
+    assert restore.active(node).artifact.id == before  # left as it is: a trusted artifact replaces it
+    empty = fetch.fetch(tiny_recipe(), f"file://{setup['tmp'] / 'empty-store'}", node, trusted_keys=[stranger])
+    assert empty.status == "miss" and _served_root(empty) != str(node)
+    # Still trusted: a miss keeps serving what the root holds (what the node compiled or restored).
+    kept = fetch.fetch(tiny_recipe(), f"file://{setup['tmp'] / 'empty-store'}", node, trusted_keys=[public])
+    assert kept.status == "miss" and _served_root(kept) == str(node)
+    unsigned = setup["tmp"] / "unsigned"
+    assert fetch.fetch(tiny_recipe(), f"file://{setup['tmp'] / 'empty-store'}", unsigned).status == "miss"
+    restore.restore_file(setup["artifact"], unsigned)  # restored before signing was turned on
+    later = fetch.fetch(tiny_recipe(), f"file://{setup['tmp'] / 'empty-store'}", unsigned, trusted_keys=[public])
+    assert _served_root(later) != str(unsigned) and any("unsigned" in w for w in later.warnings)
+
+
+def test_signing_a_key_published_already_says_what_the_entry_keeps(setup):
+    """A published entry never changes: publishing it again with --sign-key cannot sign it, and
+    must not say so with a quiet `already-published` while every node refuses the entry."""
+    private, public = setup["keys"]["builder"]
+    store = open_store(setup["store"])
+    first = build.publish(store, setup["artifact"])
+    with pytest.raises(build.BuildError, match="already published unsigned") as e:
+        build.publish(store, setup["artifact"], str(private))
+    assert f"warmer rm {store.url}/index/tiny/{first.key} --yes" in str(e.value)
+    api.rm(f"{store.url}/index/tiny/{first.key}", yes=True)
+    assert build.publish(store, setup["artifact"], str(private)).status == "published"
+    assert fetch.fetch(tiny_recipe(), setup["store"], setup["tmp"] / "node", trusted_keys=[public]).status == "hit"
+    rotated = build.publish(store, setup["artifact"], str(setup["keys"]["stranger"][0]))
+    assert rotated.status == "already-published"
+    assert "stays published signed by key" in " ".join(rotated.warnings or ()), rotated
+    assert build.publish(store, setup["artifact"], str(private)).warnings is None
+
+
+def test_build_reads_its_signing_key_before_the_warm_up(setup):
+    root = setup["tmp"] / "root"
+    with pytest.raises(signing.KeyFileError, match="cannot read the private key"):
+        build.build(tiny_recipe(), setup["store"], root, setup["tmp"] / "work", sign_key=str(setup["tmp"] / "typo.key"))
+    assert not root.exists() and not (setup["tmp"] / "store").exists()
+
+
 def test_a_tampered_index_entry_fails_its_signature(setup):
     private, public = setup["keys"]["builder"]
     store = open_store(setup["store"])
@@ -96,6 +150,14 @@ def test_keys_made_with_openssl_work(setup):
         signing.verify(manifest + b" ", sig, [pub])
     with pytest.raises(signing.KeyFileError, match="not an unencrypted PEM"):  # the operator's file: a usage error
         signing.verify(manifest, sig, [setup["artifact"]])
+    sm2, sm2_pub = setup["tmp"] / "sm2.key", setup["tmp"] / "sm2.pub"  # a curve cryptography cannot load
+    if subprocess.run(["openssl", "genpkey", "-algorithm", "SM2", "-out", str(sm2)], capture_output=True).returncode:
+        return
+    subprocess.run(["openssl", "pkey", "-in", str(sm2), "-pubout", "-out", str(sm2_pub)], check=True)
+    with pytest.raises(signing.KeyFileError, match="not an Ed25519 key"):
+        signing.sign(manifest, sm2)
+    with pytest.raises(signing.KeyFileError, match="not an Ed25519 key"):
+        signing.check_public_keys([sm2_pub])
 
 
 def test_the_trusted_key_flag_replaces_the_env_keys(setup):

@@ -30,5 +30,6 @@ def run(args: argparse.Namespace, out: Output) -> int:
         layers=args.layers,
         **store_options(args, out),
     )
-    out.emit(result, pairs(result.to_json()))
+    out.warn(result.warnings or ())
+    out.emit(result, pairs({k: v for k, v in result.to_json().items() if k != "warnings"}))
     return EXIT_OK
