@@ -1,7 +1,7 @@
 """A store's index entry: which blobs hold an artifact, its artifact.json, its signature.
 
     {"schema": 1, "recipe": NAME, "key": KEY, "blob": {"sha256", "size"},
-     "artifact": artifact.json, "signature": null | {"alg", "key_id", "signature"},
+     "artifact": artifact.json, "signature": null | {"alg", "key_id", "signature"[, "signed_at", "time_signature"]},
      "published_at": ISO 8601}
 
 Schema 2 (a layered entry, `publish --layers`) has no "blob": its blobs are artifact.json's

@@ -663,9 +663,10 @@ def restore(
                         with locked(shared.top, lock_timeout, owner, deadline):
                             _chown_tree(shared.top, owner)  # vLLM takes FlashInfer's module locks there
                 return RestoreResult("already-active", str(root), art.key, round(time.perf_counter() - t0, 3))
-            if refuse_rollback and marker and _rolls_back(art, marker, root, trusted_keys):
+            older = _rolls_back(art, signature, marker, root, trusted_keys) if refuse_rollback and marker else None
+            if marker and older:
                 raise Rollback(
-                    f"not activated: the store offers an artifact created {art.created_at}, older than the "
+                    f"not activated: the store offers an artifact {older}, older than the "
                     f"signed one active in {root} (created {marker.artifact.created_at}) for the same key: "
                     "a rollback, refused (anyone who may write the store could put an older signed build back). "
                     "To leave the active build on purpose, `warmer rm` the slot's entry and build again: "
@@ -736,13 +737,26 @@ def restore(
     )
 
 
-def _rolls_back(offered: Artifact, marker: Marker, root: Path, trusted_keys) -> bool:
-    """Whether offered would replace a newer, intact, signed artifact of the same key."""
+def _rolls_back(
+    offered: Artifact, signature: signing.Signature | None, marker: Marker, root: Path, trusted_keys
+) -> str | None:
+    """How offered is older than the intact, signed artifact of the same key active in root (said
+    for the message); None when it is not."""
     active = marker.artifact
     if active.key != offered.key or active.id == offered.id:
-        return False
+        return None
     a, b = offered.created(), active.created()
-    return a is not None and b is not None and a < b and still_intact(marker, root, trusted_keys) is None
+    if a is None or b is None or a > b:
+        return None
+    older = f"created {offered.created_at}"
+    if a == b:  # SOURCE_DATE_EPOCH dates every build of one commit alike: when the key signed each decides
+        keys = list(trusted_keys)
+        held = signing.signed_time(active.canonical, marker.signature, keys)
+        mine = signing.signed_time(offered.canonical, signature, keys)
+        if held is None or (mine is not None and mine > held):
+            return None
+        older += f" and signed {mine.isoformat() if mine else 'with no time'} (the active one: {held.isoformat()})"
+    return older if still_intact(marker, root, trusted_keys) is None else None
 
 
 # The statuses of an activation that leave vLLM pointed at the offered artifact: a fetch's hits.

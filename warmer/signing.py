@@ -2,7 +2,8 @@
 
 Keys are PEM files (`openssl genpkey -algorithm ed25519 -out build.key` and
 `openssl pkey -in build.key -pubout -out build.pub`). A signature is a small JSON document:
-{"alg": "ed25519", "key_id": ..., "signature": base64}; it travels in the store's index entry
+{"alg": "ed25519", "key_id": ..., "signature": base64, "signed_at": ..., "time_signature": base64}
+(the last two since signed times order rollbacks); it travels in the store's index entry
 and, for local files, beside the artifact as FILE.sig.
 
 What is signed is artifact.json's canonical bytes, and artifact.json names its recipe and its
@@ -17,6 +18,7 @@ import binascii
 import hashlib
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +42,30 @@ class KeyFileError(UsageError):
 class Signature:
     alg: str
     key_id: str
-    signature: str  # base64
+    signature: str  # base64, over artifact.json's canonical bytes
+    # When the key signed, and its own signature (over the time and artifact.json's sha256): orders
+    # two builds of one key that SOURCE_DATE_EPOCH dates alike, for rollback refusal. A second
+    # signature, not a wider first one, so that a node of an older warmer still verifies the first.
+    signed_at: str | None = None
+    time_signature: str | None = None
 
     @classmethod
     def from_json(cls, doc: Any, where: str = "signature") -> Signature | None:
         if doc is None:
             return None
         f = Fields(doc, where)
-        return cls(f.text("alg", max_len=32), f.text("key_id", max_len=64), f.text("signature", max_len=256))
+        timed = f.has("signed_at") or f.has("time_signature")
+        return cls(
+            f.text("alg", max_len=32),
+            f.text("key_id", max_len=64),
+            f.text("signature", max_len=256),
+            f.text("signed_at", max_len=40) if timed else None,
+            f.text("time_signature", max_len=256) if timed else None,
+        )
 
     def to_json(self) -> dict:
-        return {"alg": self.alg, "key_id": self.key_id, "signature": self.signature}
+        timed = {"signed_at": self.signed_at, "time_signature": self.time_signature} if self.signed_at else {}
+        return {"alg": self.alg, "key_id": self.key_id, "signature": self.signature, **timed}
 
 
 def _key_id(public_key) -> str:
@@ -101,9 +116,41 @@ def key_id(private_key: str | Path) -> str:
     return _key_id(_load(private_key, private=True).public_key())
 
 
+def _time_message(manifest: bytes, signed_at: str) -> bytes:
+    return b"warmer signed_at\n" + hashlib.sha256(manifest).hexdigest().encode() + b"\n" + signed_at.encode()
+
+
 def sign(manifest: bytes, private_key: str | Path) -> Signature:
     key = _load(private_key, private=True)
-    return Signature(ALG, _key_id(key.public_key()), base64.b64encode(key.sign(manifest)).decode())
+    now = datetime.now(UTC).isoformat(timespec="microseconds")
+    return Signature(
+        ALG,
+        _key_id(key.public_key()),
+        base64.b64encode(key.sign(manifest)).decode(),
+        now,
+        base64.b64encode(key.sign(_time_message(manifest, now))).decode(),
+    )
+
+
+def signed_time(manifest: bytes, signature: Signature | None, trusted_keys: list[str | Path]) -> datetime | None:
+    """When the trusted key that signed manifest says it did; None when the signature carries no
+    time (an older warmer's) or its time signature does not verify."""
+    from cryptography.exceptions import InvalidSignature
+
+    if signature is None or signature.signed_at is None or signature.time_signature is None:
+        return None
+    keys = {_key_id(k): k for k in (_load(p, private=False) for p in trusted_keys)}
+    key = keys.get(signature.key_id)
+    try:
+        when = datetime.fromisoformat(signature.signed_at)
+        if key is None or when.tzinfo is None:
+            return None
+        key.verify(
+            base64.b64decode(signature.time_signature, validate=True), _time_message(manifest, signature.signed_at)
+        )
+    except (InvalidSignature, ValueError, binascii.Error):
+        return None
+    return when
 
 
 def verify(manifest: bytes, signature: Signature | None, trusted_keys: list[str | Path]) -> str:

@@ -223,12 +223,12 @@ def test_a_signed_entry_copied_into_another_keys_slot_is_refused(packed, tmp_pat
     assert got.status == "untrusted" and any("copied into another slot" in w for w in got.warnings)
 
 
-def _older_copy(p, tmp_path: Path, created_at: str) -> Path:
+def _older_copy(p, tmp_path: Path, created_at: str, name: str = "old") -> Path:
     """The same artifact, re-dated: an earlier build of the same key."""
     doc = p.artifact.to_json()
     doc["created_at"] = created_at
-    doc["timings"] = {"build": {"name": "old"}}
-    path = tmp_path / "old.tar.zst"
+    doc["timings"] = {"build": {"name": name}}
+    path = tmp_path / f"{name}.tar.zst"
     path.write_bytes(p.path.read_bytes())
     archive.replace_manifest(path, canonical(doc))
     return path
@@ -251,6 +251,33 @@ def test_a_rollback_to_an_older_signed_build_of_the_same_key_is_refused(packed, 
     build.publish(rebuilt, _older_copy(p, tmp_path, "2099-01-01T00:00:00+00:00"), str(keys[0]))
     assert fetch.fetch(tiny_recipe(), rebuilt, node, trusted_keys=[keys[1]]).status == "hit"
     assert restore.active(node).artifact.created_at.startswith("2099")
+
+
+def test_a_rollback_between_builds_dated_alike_by_source_date_epoch_is_refused(packed, tmp_path):
+    """SOURCE_DATE_EPOCH gives a bad build and its rebuild from one commit the same created_at:
+    when the key signed each orders them, so the bad one cannot be put back over the rebuild."""
+    keys = _keypair(tmp_path, "builder")
+    p = packed("a")
+    epoch = "2025-11-24T16:00:00+00:00"
+    stores = {}
+    for name in ("bad", "fixed"):  # signed in this order
+        stores[name] = open_store(f"file://{tmp_path / name}-store")
+        build.publish(stores[name], _older_copy(p, tmp_path, epoch, name), str(keys[0]))
+    node = tmp_path / "node"
+    assert fetch.fetch(tiny_recipe(), stores["bad"], node, trusted_keys=[keys[1]]).status == "hit"
+    assert fetch.fetch(tiny_recipe(), stores["fixed"], node, trusted_keys=[keys[1]]).status == "hit"
+    back = fetch.fetch(tiny_recipe(), stores["bad"], node, trusted_keys=[keys[1]])
+    assert back.status == "rollback" and any("older than the signed one active" in w for w in back.warnings)
+    assert restore.active(node).artifact.timings["build"]["name"] == "fixed"
+    # The bad entry's time taken off (an older warmer's signature) or moved later: still refused.
+    entry_path = _entry_path(stores["bad"], "tiny", p.artifact.key)
+    entry = json.loads(entry_path.read_text())
+    for forged in ({"signed_at": "2099-01-01T00:00:00+00:00"}, {"signed_at": None, "time_signature": None}):
+        sig = {k: v for k, v in {**entry["signature"], **forged}.items() if v is not None}
+        entry_path.write_text(json.dumps({**entry, "signature": sig}))
+        got = fetch.fetch(tiny_recipe(), stores["bad"], node, trusted_keys=[keys[1]])
+        assert got.status == "rollback", (forged, got.status, got.warnings)
+    assert restore.active(node).artifact.timings["build"]["name"] == "fixed"
 
 
 # -- 3. the env file cannot run code -------------------------------------------------------------
