@@ -8,6 +8,7 @@ Leaf module.
 from __future__ import annotations
 
 import os
+import stat
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,10 @@ def atomic_write(path: str | os.PathLike, mode: int = 0o644, durable: bool = Tru
     durable=False skips the fsync, for a file whose reader checks it whole anyway: readers still
     see the old file or the new one, but after a power loss the new one may be torn."""
     path = Path(path)
+    if is_stream(path):  # /dev/stdout, /dev/null, a FIFO: written into, never replaced by a file (as root)
+        with open(path, "wb") as f:
+            yield f
+        return
     tmp = temp_beside(path)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
@@ -43,6 +48,15 @@ def atomic_write(path: str | os.PathLike, mode: int = 0o644, durable: bool = Tru
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def is_stream(path: Path) -> bool:
+    """Whether path (its links followed) names something other than a file or a directory."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def _naming(e: OSError, tmp: Path, path: Path) -> OSError:

@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import subprocess
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -89,6 +90,23 @@ def test_a_mistyped_command_gets_a_suggestion():
 
 
 # -- 7. the env file's path, not the temporary one beside it ----------------------------------------
+
+def test_an_env_file_that_is_a_stream_is_written_into_not_replaced(tmp_path, packed):
+    """`--env-file /dev/stdout` (a link to the process's stdout) or /dev/null: as root, replacing
+    either by a file would break every later process of the node. Links in tmp_path stand in."""
+    p = packed("a")
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    stdout = tmp_path / "stdout"
+    stdout.symlink_to("/proc/self/fd/1")
+    out = run_warmer("restore", p.path, "--root", tmp_path / "root", "--recipe", recipe, "--env-file", stdout)
+    assert out.returncode == 0 and "TORCHINDUCTOR_CACHE_DIR=" in out.stdout, out.stderr
+    assert stdout.is_symlink()
+    if os.geteuid() == 0:  # a null device of its own (the real one's numbers), as root alone may make
+        null = tmp_path / "null"
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        out = run_warmer("restore", p.path, "--root", tmp_path / "root", "--recipe", recipe, "--env-file", null)
+        assert out.returncode == 0 and stat.S_ISCHR(os.lstat(null).st_mode), out.stderr
+
 
 def test_an_env_file_that_cannot_be_written_is_named(tmp_path, packed):
     p = packed("a")
