@@ -504,17 +504,24 @@ def publish(
     art, digest = check_artifact_file(path)
     name, key = art.recipe.name, art.key
     signature = signing.sign(art.canonical, sign_key) if sign_key else None
+    unsaved = None
     if signature:
-        signing.write_sidecar(path, signature)
+        try:
+            signing.write_sidecar(path, signature)
+        except OSError as e:  # a read-only artifact directory: nodes read the signature from the entry
+            unsaved = f"the signature is not saved beside the file ({e.strerror}: {e.filename}): `warmer restore` of the file needs it"
     size = path.stat().st_size
-    result = PublishResult("already-published", store.url, name, key, digest, size, False)
+    result = PublishResult(
+        "already-published", store.url, name, key, digest, size, False, warnings=(unsaved,) if unsaved else None
+    )
     # Look before uploading: a blob uploaded for a key already published is named by no entry, so
     # only gc's grace period would ever remove it.
     store.prepare()
     raw = deadline.call(lambda: store.get_index(name, key), "reading the index entry")
     if raw is not None:
         kept = _kept_signature(store, raw, name, key, signature.key_id) if signature else None
-        result = replace(result, published_blob=_blob_named(raw, name, key), warnings=(kept,) if kept else None)
+        said = (*(result.warnings or ()), *((kept,) if kept else ()))
+        result = replace(result, published_blob=_blob_named(raw, name, key), warnings=said or None)
         return _mend(store, path, art, raw, result, deadline)
     if layers:
         return _publish_layers(store, path, art, signature, result, deadline)

@@ -104,6 +104,16 @@ def test_signing_a_key_published_already_says_what_the_entry_keeps(setup):
     assert build.publish(store, setup["artifact"], str(private)).warnings is None
 
 
+def test_a_signature_that_cannot_be_saved_beside_the_file_still_publishes_signed(setup):
+    """An artifact on a read-only mount (here: a directory where FILE.sig would go, which even root
+    cannot replace): the signature nodes check is the entry's."""
+    private, public = setup["keys"]["builder"]
+    signing.sidecar(setup["artifact"]).mkdir()
+    published = build.publish(open_store(setup["store"]), setup["artifact"], str(private))
+    assert published.status == "published" and "not saved beside the file" in " ".join(published.warnings or ())
+    assert fetch.fetch(tiny_recipe(), setup["store"], setup["tmp"] / "node", trusted_keys=[public]).status == "hit"
+
+
 def test_build_reads_its_signing_key_before_the_warm_up(setup):
     root = setup["tmp"] / "root"
     with pytest.raises(signing.KeyFileError, match="cannot read the private key"):
