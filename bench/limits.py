@@ -123,6 +123,7 @@ def floor(args) -> dict:
     tree.generate(root, 64 << 20, args.seed)
     big = root / "inductor" / "ab" / "big-kernel.so"
     if not big.exists() or big.stat().st_size != args.floor_mib << 20:
+        big.parent.mkdir(parents=True, exist_ok=True)  # the seeded tree may have no inductor/ab
         with open(big, "wb") as f:
             for _ in range(args.floor_mib):
                 f.write(os.urandom(1 << 20))

@@ -75,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--level", type=int, default=3)
-    ap.add_argument("--workdir", type=Path, default=Path(".bench/oci"))
+    ap.add_argument("--workdir", type=Path, default=Path(".bench"), help="its own oci/ folder in it is replaced")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    wd = args.workdir.absolute()
+    wd = args.workdir.absolute() / "oci"  # never the folder given: it may hold anything (run.py's results)
     common.rmtree(wd)
     wd.mkdir(parents=True)
     for tool in ("curl", "tar", "zstd"):

@@ -34,7 +34,7 @@ def run(ctx, steps: dict, res: dict) -> Path:
 
     def b_pack(cpus):
         def go(i, last):
-            r = measure(f"tar -C {root} -cf - {' '.join(SUBDIRS)} | zstd -q -T0 -{level} -o {b_art}", cpus=cpus)
+            r = measure(f"tar -C {root} -cf - {' '.join(SUBDIRS)} | zstd -q -T0 {'--ultra ' if level > 19 else ''}-{level} -o {b_art}", cpus=cpus)
             res["baseline_archive_bytes"] = b_art.stat().st_size
             rmtree(b_art)
             return r
