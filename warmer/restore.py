@@ -755,7 +755,11 @@ def _rolls_back(
         mine = signing.signed_time(offered.canonical, signature, keys)
         if held is None or (mine is not None and mine > held):
             return None
-        older += f" and signed {mine.isoformat() if mine else 'with no time'} (the active one: {held.isoformat()})"
+        older += (
+            f" and signed {mine.isoformat()}"
+            if mine
+            else " and signed with no time (by a warmer before signed times: rebuild it with this one)"
+        ) + f" (the active one signed {held.isoformat()})"
     return older if still_intact(marker, root, trusted_keys) is None else None
 
 

@@ -277,6 +277,7 @@ def test_a_rollback_between_builds_dated_alike_by_source_date_epoch_is_refused(p
         entry_path.write_text(json.dumps({**entry, "signature": sig}))
         got = fetch.fetch(tiny_recipe(), stores["bad"], node, trusted_keys=[keys[1]])
         assert got.status == "rollback", (forged, got.status, got.warnings)
+        assert any("signed with no time" in w and "rebuild it with this one" in w for w in got.warnings), got.warnings
     assert restore.active(node).artifact.timings["build"]["name"] == "fixed"
 
 
