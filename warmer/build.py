@@ -464,7 +464,7 @@ class PublishResult:
     bytes_uploaded: int | None = None  # a layered publish, or a mend: the bytes of the blobs the store lacked
     mended: tuple[str, ...] | None = None  # already published: the blobs of its entry uploaded again
     missing_blobs: tuple[str, ...] | None = None  # already published: blobs its entry names, in neither store nor file
-    warnings: tuple[str, ...] | None = None  # already published: its entry signed by another key than the one given
+    warnings: tuple[str, ...] | None = None  # another key's entry kept; a signature not saved beside the file
 
     def to_json(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items() if v is not None}
