@@ -170,6 +170,49 @@ def test_a_damaged_unit_is_replaced_from_the_artifact_not_reused(node):
     assert fetch.fetch(recipe("a"), store, base / "a").restore.status == "already-active"
 
 
+def test_a_module_flashinfer_rebuilt_on_the_node_is_kept_not_restored_again(tmp_path):
+    """A node image rebuilt with the same pins gives FlashInfer's headers new mtimes: ninja rebuilds
+    the module at the first start. The next fetch must keep that build (the artifact's copy put
+    back would be rebuilt at every start), not download the artifact again and swap it in."""
+    ninja = shutil.which("ninja")
+    if ninja is None:
+        pytest.skip("ninja is not on PATH")
+    base, store = tmp_path / "cache", open_store(f"file://{tmp_path / 'store'}")
+    header = tmp_path / "site" / "act.cuh"  # a FlashInfer header the module depends on, as pip installed it
+    header.parent.mkdir()
+    header.write_text("// act\n")
+    os.utime(header, (1e9, 1e9))
+    root = base / "a"
+    make_cache_tree(root)
+    workspace.link(root, flashinfer.contract(root, dict(os.environ)))
+    md, gen = root / MODULE_DIR / "cached_ops" / "silu_and_mul", root / MODULE_DIR / "generated"
+    md.mkdir(parents=True)
+    gen.mkdir(parents=True)
+    (gen / "silu_and_mul.cu").write_text("// silu_and_mul\n")
+    md, cu = Path(os.path.realpath(md)), os.path.realpath(gen / "silu_and_mul.cu")
+    (md / "build.ninja").write_text(  # absolute paths, as FlashInfer writes them
+        f"rule cc\n  command = cat $in > $out\nbuild {md}/silu_and_mul.so: cc {cu} {header}\n"
+    )
+
+    def start() -> bool:  # what FlashInfer's build_and_load runs at every load; True when it built
+        return "no work to do" not in subprocess.run([ninja, "-C", str(md)], capture_output=True, text=True,
+                                                     check=True).stdout
+
+    assert start()
+    build.pack_root(root, recipe("a"), tmp_path / "a.tar.zst")
+    build.publish(store, tmp_path / "a.tar.zst", layers=True)
+    shutil.rmtree(base)  # the node, at the same root base
+    assert fetch.fetch(recipe("a"), store, root).status == "hit" and not start()
+    # A module changed otherwise (ninja did not append to its log) is put back from the artifact.
+    (md / "silu_and_mul.so").write_bytes(b"planted")
+    assert fetch.fetch(recipe("a"), store, root).restore.status == "restored" and not start()
+    os.utime(header)  # the node's image rebuilt with the same pins
+    assert start()
+    again = fetch.fetch(recipe("a"), store, root)
+    assert again.restore.status == "already-active", (again.status, again.warnings)
+    assert not start()
+
+
 def test_an_origin_that_does_not_hash_to_its_name_makes_its_units_untrusted(node):
     store, base, a, b, b_files = node
     assert fetch.fetch(recipe("a"), store, base / "a").status == "hit"
