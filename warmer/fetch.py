@@ -41,6 +41,7 @@ from warmer.store import BlobStream, Store, open_store
 from warmer.vllmkey import FactorDifference
 
 HIT_STATUSES = restore.ACTIVE
+COLD = "vLLM will compile from cold"
 # Every status a fetch ends with (metrics name each one): the hits, a partial hit (the components
 # of an artifact that fit this node), then why not.
 STATUSES = (*HIT_STATUSES, restore.PARTIAL, "miss", "misfit", "untrusted", "rollback", "unwritable", "error")
@@ -315,8 +316,7 @@ def fetch(
         why = f"no artifact chosen: unexpected {type(e).__name__}: {e}; vLLM will compile from cold"
         choice = Choice("", "error", warnings=(why,))
     own = _own_kept(choice, root, tuple(trusted_keys))
-    if own is not None:  # the store offers another key's artifact, the root holds this key's whole
-        assert choice.entry is not None  # _own_kept looks only at another key's offer
+    if own is not None and choice.entry is not None:  # another key's offer; the root holds this key's whole
         offered = f"{', '.join(choice.components)} of " if choice.components else ""
         kept = (
             f"the store has no entry for {recipe.name}/{choice.key[:16]} any more (`warmer gc`, `warmer rm`): the "
@@ -324,6 +324,10 @@ def fetch(
             f"{choice.entry.key[:16]}"
         )
         choice = Choice(choice.key, None, nearest=choice.nearest, warnings=(kept,))
+    elif own is not None:  # a miss (no entry now, or a store that did not answer): the root is warm all the same
+        said = tuple(w.removesuffix(f": {COLD}").removesuffix(f"; {COLD}") for w in choice.warnings)
+        kept = f"the whole artifact of this key active in {root}, intact, is kept: vLLM starts warm"
+        choice = Choice(choice.key, None, nearest=choice.nearest, warnings=(*said, kept))
     entry = choice.entry if choice.status is None else None
     art = own or (entry.artifact if entry else None)
 
@@ -397,10 +401,13 @@ def fetch(
 
 def _own_kept(choice: Choice, root: Path, trusted_keys: tuple) -> Artifact | None:
     """The whole artifact of this node's own key, active and intact in root, where the store offers
-    only another key's (a partial hit, or one an older warmer's rules keyed elsewhere): the entry of
-    this key is gone from the store (`warmer gc --keep`, `warmer rm`), and the root keeps it, as on
-    a miss. Restored, the other key's would replace it with less (a partial) or no more."""
-    if choice.status is not None or choice.entry is None or choice.entry.key == choice.key:
+    only another key's (a partial hit, or one an older warmer's rules keyed elsewhere) or nothing (a
+    miss): the entry of this key is gone from the store (`warmer gc --keep`, `warmer rm`), or the
+    store did not answer, and the root keeps it. Restored, the other key's would replace it with
+    less (a partial) or no more."""
+    miss = choice.status == "miss" and choice.entry is None
+    other = choice.status is None and choice.entry is not None and choice.entry.key != choice.key
+    if not choice.key or not (miss or other):
         return None
     marker = restore.active(root)
     if marker is None or marker.artifact.key != choice.key or marker.components is not None:

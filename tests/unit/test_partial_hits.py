@@ -179,6 +179,31 @@ def test_a_nodes_own_whole_artifact_is_kept_when_its_entry_is_gone_not_replaced_
     assert again.env.vars["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
 
 
+def test_a_nodes_own_whole_artifact_is_kept_and_said_when_the_store_offers_nothing(tmp_path):
+    """The same, where the store then offers nothing at all (its only entry removed), or cannot be
+    read: the env points vLLM at the warm root either way, so the fetch must not say "miss ... vLLM
+    will compile from cold" and fail the pod under --require."""
+    store = open_store(f"file://{tmp_path / 'store'}")
+    root = tmp_path / "root"
+    make_cache_tree(root)
+    build.pack_root(root, tiny_recipe(), tmp_path / "a.tar.zst")
+    own = build.publish(store, tmp_path / "a.tar.zst")
+    shutil.rmtree(root)
+    assert fetch.fetch(tiny_recipe(), store, root).status == "hit"
+    assert run_warmer("rm", f"{store.url}/index/tiny/{own.key}", "--yes").returncode == 0
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    for url in (store.url, f"file://{tmp_path / 'no-such-store'}"):
+        out = run_warmer("fetch", recipe, "--store", url, "--root", root, "--require", "--json")
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        assert doc["status"] == "already-active" and doc["env"]["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
+        assert "intact, is kept: vLLM starts warm" in out.stderr and "compile from cold" not in out.stderr, out.stderr
+    # A root that is not whole any more is not kept: a miss, said as one.
+    next((root / "inductor").rglob("*.so")).unlink()
+    out = run_warmer("fetch", recipe, "--store", store.url, "--root", root, "--require")
+    assert out.returncode == 3 and "compile from cold" in out.stderr, out.stderr
+
+
 def test_an_untrusted_newer_candidate_does_not_hide_a_signed_partial_hit(tmp_path):
     """A node with --trusted-key and no build of its own: the store holds an H100 SXM build signed by
     the builder and, newer, an unsigned H100 PCIe build (another pipeline's, or planted by anyone who
