@@ -158,11 +158,31 @@ def fetch_all(
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown()
+    listed = {r.name for r in chosen} | {name for name, _ in (*bad, *skipped)}
     return (
         done
         + [Outcome(name, str(root_base / name), None, 0.0, bad_recipe=why) for name, why in bad]
         + [Outcome(name, str(root_base / name), None, 0.0, why) for name, why in skipped]
+        + _unlisted(root_base, listed)
     )
+
+
+def _unlisted(root_base: Path, listed: set[str]) -> list[Outcome]:
+    """The roots of recipes no manifest names any more (a model retired): said, with what they hold,
+    never removed here: a pod may still serve from one."""
+    try:
+        dirs = sorted(p for p in root_base.iterdir() if p.name not in listed and not p.name.startswith("."))
+    except OSError:
+        return []
+    out = []
+    for d in dirs:
+        marker = restore.active(d)
+        if marker is None and not (d.is_dir() and not d.is_symlink() and (d / restore.PREPARED).is_file()):
+            continue  # not a root of warmer's
+        held = f"{marker.bytes_held / 1e6:.0f} MB active" if marker else "no artifact active"
+        why = f"no manifest names it any more: its root stays ({held}); remove it (`rm -rf {d}`) once no pod serves it"
+        out.append(Outcome(d.name, str(d), None, 0.0, why))
+    return out
 
 
 def metrics(outcomes: list[Outcome]) -> str:

@@ -86,6 +86,14 @@ def test_fetch_all_takes_the_recipes_of_this_nodes_sku(fleet, tmp_path):
                                                          "gamma": "skipped"}
     listed = json.loads(run_warmer("ls", "--root-base", base, "--json").stdout)
     assert [(r["recipe"], r["fits"]) for r in listed] == [("alpha", True), ("beta", True)]
+    # beta retired from the manifests: its root (and its disk) stays, said, never removed under a pod.
+    (manifests / "models" / "beta.toml").unlink()
+    (base / "scratch").mkdir()  # not a root of warmer's: not named
+    out = run_warmer("fetch", "--all", manifests, "--store", store, "--root-base", base, "--json")
+    assert {o["recipe"]: o["status"] for o in json.loads(out.stdout)} == {
+        "alpha": "already-active", "gamma": "skipped", "beta": "skipped"}
+    assert f"beta: skipped (no manifest names it any more: its root stays (" in out.stderr, out.stderr
+    assert f"`rm -rf {base / 'beta'}`" in out.stderr and restore.active(base / "beta") is not None
 
 
 def test_a_miss_among_them_is_a_slow_start_unless_required(fleet, tmp_path):
