@@ -316,7 +316,14 @@ def fetch(
         why = f"no artifact chosen: unexpected {type(e).__name__}: {e}; vLLM will compile from cold"
         choice = Choice("", "error", warnings=(why,))
     own = _own_kept(choice, root, tuple(trusted_keys))
-    if own is not None and choice.entry is not None:  # another key's offer; the root holds this key's whole
+    if own is not None and choice.entry is not None and choice.entry.key == choice.key:
+        kept = (
+            f"the whole artifact of this key active in {root}, intact, is kept, not replaced by the "
+            f"{', '.join(choice.components or ())} layers that fit the GPUs this fetch sees "
+            f"({'; '.join(choice.warnings)}): give the fetch the GPUs vLLM gets"
+        )
+        choice = Choice(choice.key, None, nearest=choice.nearest, warnings=(kept,))
+    elif own is not None and choice.entry is not None:  # another key's offer; the root holds this key's whole
         offered = f"{', '.join(choice.components)} of " if choice.components else ""
         kept = (
             f"the store has no entry for {recipe.name}/{choice.key[:16]} any more (`warmer gc`, `warmer rm`): the "
@@ -404,10 +411,18 @@ def _own_kept(choice: Choice, root: Path, trusted_keys: tuple) -> Artifact | Non
     only another key's (a partial hit, or one an older warmer's rules keyed elsewhere) or nothing (a
     miss): the entry of this key is gone from the store (`warmer gc --keep`, `warmer rm`), or the
     store did not answer, and the root keeps it. Restored, the other key's would replace it with
-    less (a partial) or no more."""
+    less (a partial) or no more. Or a partial of this key's own entry where it misfits on the GPU
+    count alone: a fetch sees the GPUs of its own container (an init container given fewer than
+    vLLM's), and replacing the whole root with its view's part would make every start cold."""
     miss = choice.status == "miss" and choice.entry is None
-    other = choice.status is None and choice.entry is not None and choice.entry.key != choice.key
-    if not choice.key or not (miss or other):
+    offer = choice.entry if choice.status is None else None
+    other = offer is not None and offer.key != choice.key
+    fewer_gpus = (
+        offer is not None
+        and choice.components is not None
+        and all(d.field == "gpu.count" for d in choice.decisions if not d.ok)
+    )
+    if not choice.key or not (miss or other or fewer_gpus):
         return None
     marker = restore.active(root)
     if marker is None or marker.artifact.key != choice.key or marker.components is not None:

@@ -204,6 +204,29 @@ def test_a_nodes_own_whole_artifact_is_kept_and_said_when_the_store_offers_nothi
     assert out.returncode == 3 and "compile from cold" in out.stderr, out.stderr
 
 
+def test_a_fetch_that_sees_fewer_gpus_than_the_recipe_keeps_the_whole_root_of_its_key(tmp_path):
+    """A TP=4 recipe: the prefetch DaemonSet sees all 8 GPUs and restores the whole artifact; a pod's
+    init container given fewer GPUs than vLLM (1) sees a partial fit of the same entry. Its partial
+    replaced the whole root (vLLM's layer gone, every start cold, and the next DaemonSet round
+    swapped the whole back): the root is kept whole now, and the fetch says why."""
+    recipe = tiny_recipe(tensor_parallel_size=4)
+    every, one = nodes.gpu_node("h200").gpu, nodes.gpu_node("h200", visible="0").gpu
+    root = tmp_path / "cache" / "tiny"
+    make_cache_tree(root)
+    build.pack_root(root, recipe, tmp_path / "a.tar.zst", fp=fingerprint.probe(root=root, model=recipe.model).with_gpus(every))
+    shutil.rmtree(root)
+    store = open_store(f"file://{tmp_path / 'store'}")
+    build.publish(store, tmp_path / "a.tar.zst")
+    assert fetch.fetch(recipe, store, root, gpus=every).status == "hit"
+    seen = fetch.fetch(recipe, store, root, gpus=one)
+    assert seen.status == "already-active" and restore.active(root).components is None, seen.warnings
+    assert any("is kept, not replaced by the" in w and "gpu.count" in w for w in seen.warnings), seen.warnings
+    assert seen.env.vars["VLLM_CACHE_ROOT"] == str(root / "vllm")
+    # The control: on a fresh root the same view is a partial hit (its layers that fit), as before.
+    fresh = fetch.fetch(recipe, store, tmp_path / "fresh", gpus=one)
+    assert fresh.status == "partial" and "vllm" not in fresh.components
+
+
 def test_an_untrusted_newer_candidate_does_not_hide_a_signed_partial_hit(tmp_path):
     """A node with --trusted-key and no build of its own: the store holds an H100 SXM build signed by
     the builder and, newer, an unsigned H100 PCIe build (another pipeline's, or planted by anyone who
