@@ -525,7 +525,8 @@ def diagnose_here(
         resolve=os.path.normpath if sample else os.path.realpath,
         can_write=None if sample else _can_write,
         exists=None if sample else os.path.exists,
-        node=None if sample else (lambda: fingerprint.probe(root=root, model=model)),
+        # the GPUs vLLM's env picks (CUDA_VISIBLE_DEVICES), not this shell's
+        node=None if sample else (lambda: fingerprint.probe(root=root, model=model, gpu_env=env)),
         user=user_name(env, owner[0] if owner else None),
         hostnames={socket.gethostname()} if not sample else set(),
         flashinfer_installed=sample or importlib.util.find_spec("flashinfer") is not None,

@@ -732,9 +732,14 @@ def _glibc() -> str | None:
     return version if name == "glibc" and version else None
 
 
-def probe(*, root: str | os.PathLike[str] | None = None, model: str | None = None) -> Fingerprint:
+def probe(
+    *, root: str | os.PathLike[str] | None = None, model: str | None = None, gpu_env: Mapping[str, str] | None = None
+) -> Fingerprint:
     """Describe this node. Every field is read, none is assumed. root and model (the cache root
-    and the served model path) are recorded when given: caches depend on both."""
+    and the served model path) are recorded when given: caches depend on both. gpu_env: the env
+    whose CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER pick the GPUs (another process's: doctor
+    --pid); this process's by default."""
+    gpu_env = os.environ if gpu_env is None else gpu_env
     notes: list[str] = []
     gpu, note = _gpus_nvml()
     if gpu is None:
@@ -756,9 +761,9 @@ def probe(*, root: str | os.PathLike[str] | None = None, model: str | None = Non
         gpu=gpu_section(
             gpu,
             nvcc or torch_cuda,
-            os.environ.get("CUDA_VISIBLE_DEVICES"),
+            gpu_env.get("CUDA_VISIBLE_DEVICES"),
             notes,
-            pci_order=os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID",
+            pci_order=gpu_env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID",
         ),
         packages=packages,
         torch_cuda=torch_cuda,

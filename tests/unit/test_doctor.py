@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, tiny_recipe
+from tests.conftest import REPO, make_cache_tree, tiny_recipe
 from tests.fixtures import nodes
 from warmer import components, doctor, mounts, restore, serving, workspace
 from warmer.cli import doctor as doctor_cli
@@ -383,3 +383,31 @@ def test_a_workspace_that_is_not_warmers_link_or_not_on_the_roots_mount_is_still
     (baked_root / "flashinfer").symlink_to(baked_root.parent / ".flashinfer" / KEY / "ws")
     result = doctor.diagnose(env, sample("overlay-root"), root=baked_root)
     assert [f.severity for f in by(result, subject="FLASHINFER_WORKSPACE_BASE")] == ["error"]
+
+
+def test_doctor_pid_judges_the_fit_for_the_gpus_the_process_was_given(tmp_path, monkeypatch):
+    """A node whose GPUs differ, vLLM on its two H100s (CUDA_VISIBLE_DEVICES by UUID), doctor --pid
+    from a shell without that variable: the fit is vLLM's GPUs', not every GPU of the node. NVML
+    cannot run here: its answers recorded on such a node stand in (tests/fixtures/gpus)."""
+    from warmer import fingerprint
+    recorded = nodes.gpu_fixture("mixed-h100-l40s")["nvml"]
+    monkeypatch.setattr(fingerprint, "_gpus_nvml", lambda: (fingerprint.read_nvml(nodes.FakeNVML(recorded)), ""))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    h100s = ",".join(d["nvmlDeviceGetUUID"] for d in recorded["devices"] if "H100" in d["nvmlDeviceGetName"])
+    recipe = tiny_recipe(tensor_parallel_size=2)
+    built = fingerprint.probe(model=recipe.model, gpu_env={"CUDA_VISIBLE_DEVICES": h100s})
+    assert built.gpu.count == 2 and not built.gpu.mixed and fingerprint.probe().gpu.mixed
+    from warmer import build
+    src, root = tmp_path / "src", tmp_path / "cache" / "tiny"
+    make_cache_tree(src)
+    build.pack_root(src, recipe, tmp_path / "a.tar.zst", fp=built)
+    restore.restore_file(tmp_path / "a.tar.zst", root)
+    env = {**os.environ, **serving.vllm_env(recipe, root).vars, "CUDA_VISIBLE_DEVICES": h100s}
+    vllm = subprocess.Popen(["sleep", "60"], env=env)  # stands in for vLLM, started with its env
+    try:
+        found = doctor.diagnose_here(root=str(root), pid=vllm.pid)
+    finally:
+        vllm.kill()
+        vllm.wait()
+    assert not [f for f in found.findings if f.check == "fit" and f.severity != "info"], found.findings
+
