@@ -7,8 +7,10 @@ Leaf module.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,8 +28,8 @@ def atomic_write(path: str | os.PathLike, mode: int = 0o644, durable: bool = Tru
     durable=False skips the fsync, for a file whose reader checks it whole anyway: readers still
     see the old file or the new one, but after a power loss the new one may be torn."""
     path = Path(path)
-    if is_stream(path):  # /dev/stdout, /dev/null, a FIFO: written into, never replaced by a file (as root)
-        with open(path, "wb") as f:
+    if in_place(path):
+        with _open_in_place(path) as f:
             yield f
         return
     tmp = temp_beside(path)
@@ -50,13 +52,53 @@ def atomic_write(path: str | os.PathLike, mode: int = 0o644, durable: bool = Tru
         raise
 
 
-def is_stream(path: Path) -> bool:
-    """Whether path (its links followed) names something other than a file or a directory."""
+# A process's own open files: /dev/stdout leads through /proc/self/fd/1 to whatever the shell gave it.
+_OPEN_FILES = ("/proc/", "/dev/fd/", "/dev/stdout", "/dev/stderr")
+
+
+def _own_stream(path: Path) -> int | None:
+    """This process's stdout or stderr when path is it (/dev/stdout), duplicated: written at its own
+    offset, after what was printed there, where a second open of a redirected file would write over it."""
+    st = os.stat(path)
+    for std, stream in ((1, sys.stdout), (2, sys.stderr)):
+        try:
+            if os.path.samestat(os.fstat(std), st):
+                stream.flush()
+                return os.dup(std)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def in_place(path: Path) -> bool:
+    """Whether path is written into rather than replaced: /dev/null, a FIFO, or whatever /dev/stdout
+    or /proc/self/fd/N leads to (a pipe, a terminal, a file a shell redirected into). Replaced by a
+    rename, the device or link itself would become a file (as root: the node's /dev/null)."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
-        return False
-    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+        return False  # absent: created, atomically
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        return True
+    link = os.readlink(path) if os.path.islink(path) else ""
+    return str(path.absolute()).startswith(_OPEN_FILES) or link.startswith(_OPEN_FILES)
+
+
+@contextmanager
+def _open_in_place(path: Path) -> Iterator[BinaryIO]:
+    """path opened to write, truncated as a shell's `>` does. A FIFO without a reader is an error at
+    once, not a wait for one that may never come."""
+    fd = _own_stream(path)
+    if fd is None:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                raise OSError(e.errno, "a FIFO that no process reads", str(path)) from None
+            raise
+        os.set_blocking(fd, True)
+    with open(fd, "wb") as f:
+        yield f
 
 
 def _naming(e: OSError, tmp: Path, path: Path) -> OSError:

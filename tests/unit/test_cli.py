@@ -101,11 +101,27 @@ def test_an_env_file_that_is_a_stream_is_written_into_not_replaced(tmp_path, pac
     out = run_warmer("restore", p.path, "--root", tmp_path / "root", "--recipe", recipe, "--env-file", stdout)
     assert out.returncode == 0 and "TORCHINDUCTOR_CACHE_DIR=" in out.stdout, out.stderr
     assert stdout.is_symlink()
+    # stdout redirected into a file (`... --env-file /dev/stdout > vllm.env`): the link leads to a
+    # regular file, and is still written through, not replaced.
+    redirected = tmp_path / "vllm.env"
+    with open(redirected, "w") as f:
+        out = subprocess.run([sys.executable, "-m", "warmer", "restore", str(p.path), "--root", str(tmp_path / "root"),
+                              "--recipe", str(recipe), "--env-file", str(stdout)], stdout=f, stderr=subprocess.PIPE,
+                             text=True, cwd=REPO)
+    assert out.returncode == 0 and "TORCHINDUCTOR_CACHE_DIR=" in redirected.read_text(), out.stderr
+    assert stdout.is_symlink()
     if os.geteuid() == 0:  # a null device of its own (the real one's numbers), as root alone may make
         null = tmp_path / "null"
         os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
         out = run_warmer("restore", p.path, "--root", tmp_path / "root", "--recipe", recipe, "--env-file", null)
         assert out.returncode == 0 and stat.S_ISCHR(os.lstat(null).st_mode), out.stderr
+    # A FIFO that no process reads: said at once, not a fetch held until something reads it.
+    fifo = tmp_path / "env.fifo"
+    os.mkfifo(fifo)
+    out = run_warmer("restore", p.path, "--root", tmp_path / "root", "--recipe", recipe, "--env-file", fifo,
+                     timeout=60)
+    assert out.returncode != 0 and "a FIFO that no process reads" in out.stderr, out.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
 def test_an_env_file_that_cannot_be_written_is_named(tmp_path, packed):

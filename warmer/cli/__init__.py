@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 # Commands call warmer.api alone; warmer.errors is the error model every module shares.
 from warmer import __version__, api, errors
-from warmer.atomic import is_stream
+from warmer.atomic import in_place
 
 if TYPE_CHECKING:
     from warmer.api import EnvFile
@@ -91,7 +91,7 @@ def check_out_file(flag: str, path: str, fix: str) -> None:
     a directory this user cannot write is the operator's to fix (exit 2), said before anything is
     fetched; found after, it fails the pod that the fetch had just warmed."""
     where = os.path.dirname(os.path.abspath(path))
-    if is_stream(Path(path)) and os.access(path, os.W_OK, effective_ids=True):  # /dev/stdout: written into
+    if in_place(Path(path)) and os.access(path, os.W_OK, effective_ids=True):  # /dev/stdout: written into
         return
     # as the write will be judged: effective ids and capabilities
     if os.path.isdir(path) or not os.path.isdir(where) or not os.access(where, os.W_OK | os.X_OK, effective_ids=True):
