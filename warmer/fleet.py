@@ -163,7 +163,8 @@ def fetch_all(
         done
         + [Outcome(name, str(root_base / name), None, 0.0, bad_recipe=why) for name, why in bad]
         + [Outcome(name, str(root_base / name), None, 0.0, why) for name, why in skipped]
-        + _unlisted(root_base, listed)
+        # a file that could not be read may name any recipe: no root is called retired then
+        + ([] if bad else _unlisted(root_base, listed))
     )
 
 

@@ -94,6 +94,12 @@ def test_fetch_all_takes_the_recipes_of_this_nodes_sku(fleet, tmp_path):
         "alpha": "already-active", "gamma": "skipped", "beta": "skipped"}
     assert f"beta: skipped (no manifest names it any more: its root stays (" in out.stderr, out.stderr
     assert f"`rm -rf {base / 'beta'}`" in out.stderr and restore.active(base / "beta") is not None
+    # A recipe file that cannot be read (alpha's, under another file name) may be any recipe's:
+    # no root is called retired, alpha's least of all.
+    (manifests / "models" / "alpha.toml").rename(manifests / "models" / "first.toml")
+    (manifests / "models" / "first.toml").write_text("name = \"alpha\"\ntargets = [")
+    out = run_warmer("fetch", "--all", manifests, "--store", store, "--root-base", base)
+    assert "first: bad-recipe" in out.stderr and "no manifest names it" not in out.stderr, out.stderr
 
 
 def test_a_miss_among_them_is_a_slow_start_unless_required(fleet, tmp_path):
