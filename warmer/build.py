@@ -503,7 +503,7 @@ def publish(
     deadline = deadline or unbounded()
     art, digest = check_artifact_file(path)
     name, key = art.recipe.name, art.key
-    signature = signing.sign(art.canonical, sign_key) if sign_key else None
+    signature = signing.sign(art.canonical, sign_key, _sidecar_of(path)) if sign_key else None
     unsaved = None
     if signature:
         try:
@@ -536,6 +536,14 @@ def publish(
     if uploaded and winner is not None and winner != digest:
         removed = _remove_own_blob(store, path, digest, name, key)
     return replace(result, blob_uploaded=uploaded, published_blob=winner, removed_own_blob=removed)
+
+
+def _sidecar_of(path: Path) -> signing.Signature | None:
+    """The signature beside an artifact file, if one can be read (sign keeps it when it verifies)."""
+    try:
+        return signing.read_sidecar(signing.sidecar(path))
+    except signing.SignatureError:
+        return None
 
 
 def _kept_signature(store: Store, raw: bytes, name: str, key: str, signer: str) -> str | None:

@@ -120,12 +120,29 @@ def _time_message(manifest: bytes, signed_at: str) -> bytes:
     return b"warmer signed_at\n" + hashlib.sha256(manifest).hexdigest().encode() + b"\n" + signed_at.encode()
 
 
-def sign(manifest: bytes, private_key: str | Path) -> Signature:
+def sign(manifest: bytes, private_key: str | Path, previous: Signature | None = None) -> Signature:
+    """manifest's signature by private_key. previous: a signature of manifest by the same key (the
+    file's FILE.sig), kept as it is when it verifies, with its time: publishing an older file again
+    must not make it the newest of builds that SOURCE_DATE_EPOCH dates alike."""
+    from cryptography.exceptions import InvalidSignature
+
     key = _load(private_key, private=True)
+    public = key.public_key()
+    if previous is not None and previous.key_id == _key_id(public) and previous.signed_at and previous.time_signature:
+        try:
+            public.verify(base64.b64decode(previous.signature, validate=True), manifest)
+            public.verify(
+                base64.b64decode(previous.time_signature, validate=True), _time_message(manifest, previous.signed_at)
+            )
+            datetime.fromisoformat(previous.signed_at)
+        except (InvalidSignature, ValueError, binascii.Error):
+            pass
+        else:
+            return previous
     now = datetime.now(UTC).isoformat(timespec="microseconds")
     return Signature(
         ALG,
-        _key_id(key.public_key()),
+        _key_id(public),
         base64.b64encode(key.sign(manifest)).decode(),
         now,
         base64.b64encode(key.sign(_time_message(manifest, now))).decode(),

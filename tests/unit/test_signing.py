@@ -76,9 +76,9 @@ def test_a_root_the_trusted_keys_do_not_cover_is_not_served(setup):
     assert restore.active(node).artifact.id == before  # left as it is: a trusted artifact replaces it
     empty = fetch.fetch(tiny_recipe(), f"file://{setup['tmp'] / 'empty-store'}", node, trusted_keys=[stranger])
     assert empty.status == "miss" and _served_root(empty) != str(node)
-    # Still trusted: a miss keeps serving what the root holds (what the node compiled or restored).
+    # Still trusted: the root holds this node's own key whole, kept and served (already-active).
     kept = fetch.fetch(tiny_recipe(), f"file://{setup['tmp'] / 'empty-store'}", node, trusted_keys=[public])
-    assert kept.status == "miss" and _served_root(kept) == str(node)
+    assert kept.status == "already-active" and _served_root(kept) == str(node)
     unsigned = setup["tmp"] / "unsigned"
     assert fetch.fetch(tiny_recipe(), f"file://{setup['tmp'] / 'empty-store'}", unsigned).status == "miss"
     restore.restore_file(setup["artifact"], unsigned)  # restored before signing was turned on

@@ -269,6 +269,10 @@ def test_a_rollback_between_builds_dated_alike_by_source_date_epoch_is_refused(p
     back = fetch.fetch(tiny_recipe(), stores["bad"], node, trusted_keys=[keys[1]])
     assert back.status == "rollback" and any("older than the signed one active" in w for w in back.warnings)
     assert restore.active(node).artifact.timings["build"]["name"] == "fixed"
+    # The older file published again with the key: the signature beside it keeps its time, refused still.
+    _entry_path(stores["bad"], "tiny", p.artifact.key).unlink()
+    build.publish(stores["bad"], tmp_path / "bad.tar.zst", str(keys[0]))
+    assert fetch.fetch(tiny_recipe(), stores["bad"], node, trusted_keys=[keys[1]]).status == "rollback"
     # The bad entry's time taken off (an older warmer's signature) or moved later: still refused.
     entry_path = _entry_path(stores["bad"], "tiny", p.artifact.key)
     entry = json.loads(entry_path.read_text())
