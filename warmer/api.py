@@ -384,16 +384,24 @@ def serve_plan(
     *,
     env_file: PathLike | None = None,
     offline: bool = False,
+    trusted_keys: Sequence[str] = (),
 ) -> serving.ServePlan:
     """What `warmer serve` would run: the recipe's `vllm serve` command, its env, and the check of
-    vLLM's own key in that env (plan.predicted_miss)."""
+    vLLM's own key in that env (plan.predicted_miss). trusted_keys: as fetch's, for the root's artifact."""
     loaded = None
     if env_file:
         try:
             loaded = EnvFile.parse(Path(env_file).read_text(errors="replace"), str(env_file))
         except OSError as e:
             raise UsageError(f"cannot read the env file {env_file}: {e.strerror}") from None
-    return serving.plan(recipe(recipe_file), Path(os.path.abspath(root)), list(extra), env_file=loaded, offline=offline)
+    return serving.plan(
+        recipe(recipe_file),
+        Path(os.path.abspath(root)),
+        list(extra),
+        env_file=loaded,
+        offline=offline,
+        trusted_keys=trusted_keys,
+    )
 
 
 def serve(plan: serving.ServePlan) -> None:

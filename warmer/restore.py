@@ -181,7 +181,7 @@ def still_intact(marker: Marker, root: Path, trusted_keys=()) -> str | None:
 
     Cheap enough for every no-op fetch: a signature check of artifact.json (with trusted keys)
     and one lstat per file, sizes compared."""
-    distrust = _distrusted(marker, trusted_keys)
+    distrust = distrusted(marker, trusted_keys)
     if distrust:
         return distrust
     shared = workspace.Workspace.of(marker.artifact, root) if marker.holds_component("flashinfer") else None
@@ -196,7 +196,7 @@ def still_intact(marker: Marker, root: Path, trusted_keys=()) -> str | None:
     return _lacking(marker, root, shared is not None)
 
 
-def _distrusted(marker: Marker, trusted_keys) -> str | None:
+def distrusted(marker: Marker, trusted_keys) -> str | None:
     """Why, with trusted keys, the artifact a marker names is not to be served; None when it is."""
     if trusted_keys:
         try:
@@ -831,7 +831,7 @@ def activate(
         )
         return Activation(status, cold, restored, tuple(warnings))
     held = active(root) if status not in (*ACTIVE, PARTIAL) else None
-    distrust = _distrusted(held, options.get("trusted_keys")) if held else None
+    distrust = distrusted(held, options.get("trusted_keys")) if held else None
     if held and distrust:  # restored before the keys were set or rotated: what it holds is not to be loaded
         warnings.append(
             f"{root} holds artifact {held.artifact.id[:12]}, but {distrust}: it is left as it is (a "

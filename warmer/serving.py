@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 from warmer import components as _components  # vllm_env's parameter is named components
-from warmer import restore
+from warmer import restore, signing
 from warmer.envfile import EnvFile
 from warmer.outlook import Outlook, outlook
 from warmer.recipe import ENGINE_ARGS, SERVE_OPTIONS, Recipe, serve_flag
@@ -251,11 +251,15 @@ def plan(
     env_file: EnvFile | None = None,
     offline: bool = False,
     base: Mapping[str, str] | None = None,
+    trusted_keys: Sequence[str] = (),
 ) -> ServePlan:
     """Serve exactly what was warmed: the recipe's command, the env for the artifact active in root
     (plus an env file's values on top), and the outlook of the active artifact in that final env
-    (vLLM's own key among it)."""
+    (vLLM's own key among it). trusted_keys: the active artifact must be signed by one of them,
+    else vLLM starts cold (a root restored before the keys were set, served without fetch's env)."""
     marker = restore.active(root)
+    signing.check_public_keys(trusted_keys)
+    distrust = restore.distrusted(marker, trusted_keys) if marker is not None else None
     warnings = []
     if root.is_symlink():  # fetch and restore refuse such a root; a pod that got one still starts
         warnings.append(
@@ -271,9 +275,14 @@ def plan(
         except OSError as e:  # a full disk, say: served cold, as any root it cannot write
             problem = f"cannot make its cache directories ({e.strerror}: {e.filename or root})"
     given = dict(env_file.vars) if env_file is not None else {}
-    if problem is not None:  # vLLM writes lock files into the root even on a full hit: it would crash
+    if problem is not None or distrust:  # vLLM writes lock files into the root even on a full hit: it would crash
         cold = restore.own_cold_root(recipe.name)
-        if not root.exists():  # a mistyped --root, or no fetch: nothing to chown
+        if marker is not None and distrust:
+            warnings.append(
+                f"{root} holds artifact {marker.artifact.id[:12]}, but {distrust}: its code is not loaded, "
+                f"vLLM compiles from cold in {cold} (slow start) until a fetch restores a trusted one"
+            )
+        elif not root.exists():  # a mistyped --root, or no fetch: nothing to chown
             warnings.append(
                 f"no warmed cache is active in {root}: it does not exist (is --root mistyped, or did "
                 f"`warmer fetch` never run?); vLLM compiles from cold in {cold} (slow start)"

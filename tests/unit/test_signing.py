@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from tests.conftest import REPO, tiny_recipe
+from tests.conftest import REPO, run_warmer, tiny_recipe, write_tiny_recipe
 from warmer import api, build, fetch, restore, signing
 from warmer.store import open_store
 
@@ -74,6 +74,15 @@ def test_a_root_the_trusted_keys_do_not_cover_is_not_served(setup):
     assert rotated.status == "untrusted" and _served_root(rotated) != str(node)
     assert any("not signed by a trusted key" in w and "cold start" in w for w in rotated.warnings), rotated.warnings
     assert restore.active(node).artifact.id == before  # left as it is: a trusted artifact replaces it
+    # `warmer serve` without fetch's env file (the systemd path: fetch --all, then serve): the same.
+    recipe_file = write_tiny_recipe(setup["tmp"] / "tiny.toml")
+    for how in (["--trusted-key", str(stranger)], []):
+        env = {**os.environ, "WARMER_TRUSTED_KEY": str(stranger)} if not how else None
+        served = run_warmer("serve", recipe_file, "--root", node, "--dry-run", *how, env=env)
+        assert served.returncode == 0, served.stderr
+        assert f"TORCHINDUCTOR_CACHE_DIR={node}/" not in served.stdout and "its code is not loaded" in served.stderr
+    trusted = run_warmer("serve", recipe_file, "--root", node, "--dry-run", "--trusted-key", public)
+    assert f"TORCHINDUCTOR_CACHE_DIR={node}/inductor" in trusted.stdout, trusted.stdout
     empty = fetch.fetch(tiny_recipe(), f"file://{setup['tmp'] / 'empty-store'}", node, trusted_keys=[stranger])
     assert empty.status == "miss" and _served_root(empty) != str(node)
     # Still trusted: the root holds this node's own key whole, kept and served (already-active).

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from warmer import api
-from warmer.cli import Output, add_recipe, add_root
+from warmer.cli import Output, add_recipe, add_root, add_trust
 from warmer.errors import EXIT_MISS, EXIT_OK, WarmerError
 
 HELP = (
@@ -28,6 +28,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     add_root(c, what="the root the artifact was fetched into")
     c.add_argument("--env-file", help="an env file (warmer fetch --env-file) applied on top")
     c.add_argument("--offline", action="store_true", help="forbid FlashInfer downloads (FLASHINFER_NO_DOWNLOAD=1)")
+    add_trust(c)
     c.add_argument("--dry-run", action="store_true", help="print the env and the command, start nothing")
     c.add_argument(
         "--require-hit",
@@ -42,7 +43,14 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    plan = api.serve_plan(args.recipe, args.root, args.extra, env_file=args.env_file, offline=args.offline)
+    plan = api.serve_plan(
+        args.recipe,
+        args.root,
+        args.extra,
+        env_file=args.env_file,
+        offline=args.offline,
+        trusted_keys=args.trusted_key or (),
+    )
     out.warn(plan.warnings)
     if args.dry_run:
         out.emit(plan, plan.shell().rstrip())
