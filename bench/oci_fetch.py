@@ -15,7 +15,7 @@ from wait4 (bench/common.py's launcher); each restore goes into a new root, drop
 cache once measured. `oras pull` or `crane` would be the baseline of choice; neither is
 installable here (no Debian package, no PyPI wheel), so it is curl.
 
-    python bench/oci_fetch.py [--size 1GiB] [--trials 3] [--workdir .bench/oci] [--json FILE]
+    python bench/oci_fetch.py [--size 1GiB] [--trials 3] [--workdir .bench] [--json FILE]
 """
 
 from __future__ import annotations
