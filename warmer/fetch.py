@@ -419,6 +419,7 @@ def _own_kept(choice: Choice, root: Path, trusted_keys: tuple) -> Artifact | Non
     other = offer is not None and offer.key != choice.key
     fewer_gpus = (
         offer is not None
+        and not other
         and choice.components is not None
         and all(d.field == "gpu.count" for d in choice.decisions if not d.ok)
     )
@@ -427,6 +428,8 @@ def _own_kept(choice: Choice, root: Path, trusted_keys: tuple) -> Artifact | Non
     marker = restore.active(root)
     if marker is None or marker.artifact.key != choice.key or marker.components is not None:
         return None
+    if fewer_gpus and offer is not None and offer.artifact.id != marker.artifact.id:
+        return None  # another build of the key (a rebuild after `warmer rm`): its part is taken, as before
     return marker.artifact if restore.still_intact(marker, root, trusted_keys) is None else None
 
 

@@ -178,8 +178,12 @@ def _unlisted(root_base: Path, listed: set[str]) -> list[Outcome]:
     out = []
     for d in dirs:
         marker = restore.active(d)
-        if marker is None and not (d.is_dir() and not d.is_symlink() and (d / restore.PREPARED).is_file()):
-            continue  # not a root of warmer's
+        try:
+            ours = marker is not None or (d.is_dir() and not d.is_symlink() and (d / restore.PREPARED).is_file())
+        except OSError:  # a folder this user cannot enter (lost+found): not a root of warmer's
+            ours = False
+        if not ours:
+            continue
         held = f"{marker.bytes_held / 1e6:.0f} MB active" if marker else "no artifact active"
         why = f"no manifest names it any more: its root stays ({held}); remove it (`rm -rf {d}`) once no pod serves it"
         out.append(Outcome(d.name, str(d), None, 0.0, why))

@@ -107,3 +107,21 @@ def test_a_bad_file_of_a_fetched_recipes_name_gives_one_outcome_per_name(tmp_pat
     outcomes = [fleet.Outcome(name, f"/cache/{name}", None, 0.0, bad_recipe=why) for name, why in bad]
     series = [ln.split(" ")[0] for ln in fleet.metrics(outcomes).splitlines() if not ln.startswith("#")]
     assert len(series) == len(set(series))
+
+
+def test_a_folder_under_the_root_base_this_user_cannot_enter_is_no_retired_root(tmp_path, monkeypatch):
+    """lost+found (root's, 0700) at the top of an ext4 disk mounted as the root base, read by the
+    pods' user: not a root of warmer's, and no reason to fail the round. The suite runs as root, which
+    every folder lets in: the EACCES that user gets stands in."""
+    from pathlib import Path
+    (tmp_path / "lost+found").mkdir()
+    restore.prepare(tmp_path / "old-model")
+    real = Path.is_file
+
+    def refused(self):
+        if self.parent.name == "lost+found":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "is_file", refused)
+    assert [o.recipe for o in fleet._unlisted(tmp_path, set())] == ["old-model"]

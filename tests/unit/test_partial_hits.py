@@ -225,6 +225,16 @@ def test_a_fetch_that_sees_fewer_gpus_than_the_recipe_keeps_the_whole_root_of_it
     # The control: on a fresh root the same view is a partial hit (its layers that fit), as before.
     fresh = fetch.fetch(recipe, store, tmp_path / "fresh", gpus=one)
     assert fresh.status == "partial" and "vllm" not in fresh.components
+    # Another build of the key in the store (the operator's rebuild after `warmer rm`): not hidden by
+    # the kept root, its part is taken.
+    key = restore.active(root).artifact.key
+    assert run_warmer("rm", f"{store.url}/index/tiny/{key}", "--yes").returncode == 0
+    make_cache_tree(tmp_path / "rebuild")
+    build.pack_root(tmp_path / "rebuild", recipe, tmp_path / "b.tar.zst",
+                    fp=fingerprint.probe(root=root, model=recipe.model).with_gpus(every))
+    build.publish(store, tmp_path / "b.tar.zst")
+    rebuilt = fetch.fetch(recipe, store, root, gpus=one)
+    assert rebuilt.status == "partial" and restore.active(root).artifact.key == key, rebuilt.warnings
 
 
 def test_an_untrusted_newer_candidate_does_not_hide_a_signed_partial_hit(tmp_path):
