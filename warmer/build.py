@@ -43,7 +43,7 @@ from warmer.atomic import atomic_write
 from warmer.contract import PathContract
 from warmer.deadline import Deadline, unbounded
 from warmer.entry import BlobRef, IndexEntry
-from warmer.errors import UsageError, WarmerError
+from warmer.errors import StoreError, UsageError, WarmerError
 from warmer.fingerprint import Fingerprint
 from warmer.recipe import Recipe
 from warmer.store import Store, open_store
@@ -237,7 +237,8 @@ def _warm_to_publish(
     with progress.step(f"build: publish to {store.url}") as s:
         published_as = publish(store, verified.packed.path, sign_key, layers=layers)
         s.done(published_as.status)
-    return replace(result, status=published_as.status, publish=published_as)
+    said = result.warnings + (published_as.warnings or ())
+    return replace(result, status=published_as.status, publish=published_as, warnings=said)
 
 
 AOT_ENV = "VLLM_USE_AOT_COMPILE"
@@ -464,7 +465,7 @@ class PublishResult:
     bytes_uploaded: int | None = None  # a layered publish, or a mend: the bytes of the blobs the store lacked
     mended: tuple[str, ...] | None = None  # already published: the blobs of its entry uploaded again
     missing_blobs: tuple[str, ...] | None = None  # already published: blobs its entry names, in neither store nor file
-    warnings: tuple[str, ...] | None = None  # another key's entry kept; a signature not saved beside the file
+    warnings: tuple[str, ...] | None = None  # what it left undone: another key's entry, a .sig, a lost race's blob
 
     def to_json(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items() if v is not None}
@@ -532,10 +533,16 @@ def publish(
         return replace(result, status="published", blob_uploaded=uploaded)
     # Another publisher created the entry between the look and this write.
     winner = _blob_named(store.get_index(name, key), name, key)
-    removed = None
+    removed, said = None, result.warnings or ()
     if uploaded and winner is not None and winner != digest:
-        removed = _remove_own_blob(store, path, digest, name, key)
-    return replace(result, blob_uploaded=uploaded, published_blob=winner, removed_own_blob=removed)
+        try:
+            removed = _remove_own_blob(store, path, digest, name, key)
+        except StoreError as e:  # a publisher without delete permission: the other publish stands all the same
+            removed = False
+            said = (*said, f"the blob this publish uploaded stays ({e}); `warmer gc` removes it, as no entry names it")
+    return replace(
+        result, blob_uploaded=uploaded, published_blob=winner, removed_own_blob=removed, warnings=said or None
+    )
 
 
 def _sidecar_of(path: Path) -> signing.Signature | None:

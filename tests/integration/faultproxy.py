@@ -24,9 +24,14 @@ from typing import Callable
 ERROR_BODY = ('<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{message}</Message>'
               "<RequestId>faultproxy</RequestId></Error>")
 ERRORS = {"503": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
-          "500": (500, "Internal Server Error", "InternalError", "We encountered an internal error.")}
+          "500": (500, "Internal Server Error", "InternalError", "We encountered an internal error."),
+          # S3's answer where the role may read the object but not decrypt it (SSE-KMS): AWS's wording
+          "kms-denied": (403, "Forbidden", "AccessDenied",
+                         "User: arn:aws:sts::123456789012:assumed-role/gpu-node/i-0abc is not authorized to "
+                         "perform: kms:Decrypt on resource: arn:aws:kms:us-east-1:123456789012:key/1234abcd "
+                         "because no identity-based policy allows the kms:Decrypt action")}
 # What each action does to the request it matches:
-#   503, 500      answer with that error, do not forward
+#   503, 500      answer with that error, do not forward (kms-denied: S3's 403 for a KMS key not granted)
 #   reset         drop the connection (TCP RST) before forwarding
 #   reset-after   forward, then drop the connection: the server acted, the client never hears
 #   truncate      forward; send the true headers and half the body, then drop the connection
@@ -36,7 +41,7 @@ ERRORS = {"503": (503, "Slow Down", "SlowDown", "Please reduce your request rate
 #   trickle       forward; send the true headers, then the body TRICKLE bytes at a time, TRICKLE_S apart
 #   ignore-range  forward without the Range header: 200 and the whole object, as a proxy that ignores it
 #   slow          wait SLOW_S, then forward: a slow link that still moves (no read timeout of 1 s trips)
-ACTIONS = {"503", "500", "reset", "reset-after", "truncate", "short", "corrupt", "stall", "trickle", "ignore-range",
+ACTIONS = {"503", "500", "kms-denied", "reset", "reset-after", "truncate", "short", "corrupt", "stall", "trickle", "ignore-range",
            "slow"}
 BODY_ACTIONS = {"reset-after", "truncate", "short", "corrupt", "trickle"}  # need the whole answer first
 TRICKLE, TRICKLE_S = 4, 0.25  # 16 bytes a second: a store that never times out a read and never ends

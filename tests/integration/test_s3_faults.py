@@ -141,6 +141,15 @@ def test_a_blob_missing_from_the_store_is_reported(published, s3_url, bucket, no
     assert_unchanged(node_root)
 
 
+def test_a_denied_kms_key_is_named_as_s3_names_it(published, s3_url, proxy, node_root):
+    """An SSE-KMS bucket, a node role without the key's kms:Decrypt: S3 answers 403 AccessDenied and
+    says which action was denied. The miss must pass that on, not only ask for s3:GetObject again."""
+    proxy.inject("kms-denied", lambda r: r.is_index, times=None)
+    got = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url), node_root)
+    assert got.status == "miss" and any("not authorized to perform: kms:Decrypt" in w for w in got.warnings), \
+        got.warnings
+
+
 def test_a_bucket_in_another_region_is_reached_through_s3s_redirect(artifact, s3_url, proxy, node_root):
     """The client's region (us-east-1) is not the bucket's: S3 answers 301 with the bucket's region,
     and botocore sends the request again signed for it. warmer's retry handler must leave that

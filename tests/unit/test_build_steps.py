@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import make_cache_tree, run_warmer, tiny_recipe, write_tiny_recipe
 from warmer import build, restore, warmup
-from warmer.errors import UsageError
+from warmer.errors import StoreError, UsageError
 from warmer.store import open_store
 from warmer.store.file import FileStore
 
@@ -174,6 +174,21 @@ def test_a_publish_that_loses_the_race_removes_the_blob_it_uploaded(tmp_path, pa
     assert lost.status == "already-published" and lost.blob_uploaded and lost.removed_own_blob
     winner = lost.published_blob
     assert winner != lost.blob and [b.sha256 for b in store.list_blobs()] == [winner]
+
+
+class NoDeleteStore(RacedStore):
+    """A publisher's credentials without delete (s3:DeleteObject), as least privilege hands out: the
+    store's own refusal stands in for S3's 403 (the file store has no permissions of its own)."""
+
+    def delete_blob(self, sha256: str) -> None:
+        raise StoreError(f"access denied to delete {sha256[:12]}: grant s3:DeleteObject")
+
+
+def test_a_publish_that_loses_the_race_without_delete_permission_is_already_published(tmp_path, packed):
+    mine, rival = packed("a"), _same_key_other_bytes(tmp_path, packed, "b")
+    lost = build.publish(NoDeleteStore(str(tmp_path / "store"), rival.path), mine.path)
+    assert lost.status == "already-published" and lost.removed_own_blob is False
+    assert any("stays" in w and "access denied" in w for w in lost.warnings or ()), lost
 
 
 def test_a_publish_that_loses_to_the_same_bytes_keeps_the_blob(tmp_path, packed):

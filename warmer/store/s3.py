@@ -230,10 +230,14 @@ class S3Store(Store):
                     if action == "read"
                     else ""
                 )
+                said = err.get("Message", "")
+                # S3's own words name what was denied beyond the bare phrase (kms:Decrypt, say)
+                said = f" ({said})" if said and said.strip(". ").lower() != "access denied" else ""
                 return StoreError(
-                    f"access denied to {action} {where}{hint}: grant the credentials boto3 found "
+                    f"access denied to {action} {where}{hint}{said}: grant the credentials boto3 found "
                     "s3:GetObject, s3:ListBucket, and to publishers s3:PutObject (gc: "
-                    "s3:DeleteObject) on the bucket and prefix"
+                    "s3:DeleteObject) on the bucket and prefix, and on an SSE-KMS bucket the key's "
+                    "kms:Decrypt (publishers: kms:GenerateDataKey)"
                 )
             if code == "NotImplemented" or status == 501:
                 return StoreError(
