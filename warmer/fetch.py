@@ -315,28 +315,11 @@ def fetch(
         check()  # but an unchecked recipe may be what failed: then its RecipeError
         why = f"no artifact chosen: unexpected {type(e).__name__}: {e}; vLLM will compile from cold"
         choice = Choice("", "error", warnings=(why,))
-    own = _own_kept(choice, root, tuple(trusted_keys))
-    if own is not None and choice.entry is not None and choice.entry.key == choice.key:
-        kept = (
-            f"the whole artifact of this key active in {root}, intact, is kept, not replaced by the "
-            f"{', '.join(choice.components or ())} layers that fit the GPUs this fetch sees "
-            f"({'; '.join(choice.warnings)}): give the fetch the GPUs vLLM gets"
-        )
-        choice = Choice(choice.key, None, nearest=choice.nearest, warnings=(kept,))
-    elif own is not None and choice.entry is not None:  # another key's offer; the root holds this key's whole
-        offered = f"{', '.join(choice.components)} of " if choice.components else ""
-        kept = (
-            f"the store has no entry for {recipe.name}/{choice.key[:16]} any more (`warmer gc`, `warmer rm`): the "
-            f"whole artifact of this key active in {root} is kept, not replaced by the {offered}artifact "
-            f"{choice.entry.key[:16]}"
-        )
-        choice = Choice(choice.key, None, nearest=choice.nearest, warnings=(kept,))
-    elif own is not None:  # a miss (no entry now, or a store that did not answer): the root is warm all the same
-        said = tuple(w.removesuffix(f": {COLD}").removesuffix(f"; {COLD}") for w in choice.warnings)
-        kept = f"the whole artifact of this key active in {root}, intact, is kept: vLLM starts warm"
-        choice = Choice(choice.key, None, nearest=choice.nearest, warnings=(*said, kept))
+    own = _own_kept(choice, root, recipe.name, tuple(trusted_keys))
+    if own is not None:  # the root holds this key's whole artifact, kept: said why
+        choice = Choice(choice.key, None, nearest=choice.nearest, warnings=own[1])
     entry = choice.entry if choice.status is None else None
-    art = own or (entry.artifact if entry else None)
+    art = own[0] if own else (entry.artifact if entry else None)
 
     blob = entry.blob if entry else None
 
@@ -406,14 +389,14 @@ def fetch(
     )
 
 
-def _own_kept(choice: Choice, root: Path, trusted_keys: tuple) -> Artifact | None:
-    """The whole artifact of this node's own key, active and intact in root, where the store offers
-    only another key's (a partial hit, or one an older warmer's rules keyed elsewhere) or nothing (a
-    miss): the entry of this key is gone from the store (`warmer gc --keep`, `warmer rm`), or the
-    store did not answer, and the root keeps it. Restored, the other key's would replace it with
-    less (a partial) or no more. Or a partial of this key's own entry where it misfits on the GPU
-    count alone: a fetch sees the GPUs of its own container (an init container given fewer than
-    vLLM's), and replacing the whole root with its view's part would make every start cold."""
+def _own_kept(choice: Choice, root: Path, recipe: str, trusted_keys: tuple) -> tuple[Artifact, tuple[str, ...]] | None:
+    """The whole artifact of this node's own key, active and intact in root, and the lines that say
+    why it is kept, where the store offers less: another key's artifact (a partial hit, or one an
+    older warmer's rules keyed elsewhere) or nothing (a miss): the entry of this key is gone from the
+    store (`warmer gc --keep`, `warmer rm`), or the store did not answer. Or the part of this same
+    build that fits a fetch seeing fewer GPUs than the recipe needs: a fetch counts the GPUs of its
+    own container (an init container given fewer than vLLM's), and that part would make every
+    start cold."""
     miss = choice.status == "miss" and choice.entry is None
     offer = choice.entry if choice.status is None else None
     other = offer is not None and offer.key != choice.key
@@ -430,7 +413,22 @@ def _own_kept(choice: Choice, root: Path, trusted_keys: tuple) -> Artifact | Non
         return None
     if fewer_gpus and offer is not None and offer.artifact.id != marker.artifact.id:
         return None  # another build of the key (a rebuild after `warmer rm`): its part is taken, as before
-    return marker.artifact if restore.still_intact(marker, root, trusted_keys) is None else None
+    if restore.still_intact(marker, root, trusted_keys) is not None:
+        return None
+    held = f"the whole artifact of this key active in {root}"
+    if offer is None:  # a miss: the root is warm all the same
+        said = tuple(w.removesuffix(f": {COLD}").removesuffix(f"; {COLD}") for w in choice.warnings)
+        return marker.artifact, (*said, f"{held}, intact, is kept: vLLM starts warm")
+    if fewer_gpus:
+        return marker.artifact, (
+            f"{held}, intact, is kept, not replaced by the {', '.join(choice.components or ())} layers that fit "
+            f"the GPUs this fetch sees ({'; '.join(choice.warnings)}): give the fetch the GPUs vLLM gets",
+        )
+    offered = f"{', '.join(choice.components)} of " if choice.components else ""
+    return marker.artifact, (
+        f"the store has no entry for {recipe}/{choice.key[:16]} any more (`warmer gc`, `warmer rm`): {held} is "
+        f"kept, not replaced by the {offered}artifact {offer.key[:16]}",
+    )
 
 
 def _node(recipe: Recipe, gpus: Gpus | None) -> Fingerprint:

@@ -275,7 +275,8 @@ def plan(
         except OSError as e:  # a full disk, say: served cold, as any root it cannot write
             problem = f"cannot make its cache directories ({e.strerror}: {e.filename or root})"
     given = dict(env_file.vars) if env_file is not None else {}
-    if problem is not None or distrust:  # vLLM writes lock files into the root even on a full hit: it would crash
+    # vLLM writes lock files into the root even on a full hit (it would crash), or would load untrusted code
+    if problem is not None or distrust:
         cold = restore.own_cold_root(recipe.name)
         if marker is not None and distrust:
             warnings.append(
