@@ -209,14 +209,14 @@ class _AppendOverEnv(argparse.Action):
         setattr(namespace, self.dest, [*keep, values])
 
 
-def add_trust(c: argparse.ArgumentParser) -> None:
+def add_trust(c: argparse.ArgumentParser, what: str = "only artifacts it signed are restored") -> None:
     default = [k for k in os.environ.get("WARMER_TRUSTED_KEY", "").split(os.pathsep) if k] or None
     c.add_argument(
         "--trusted-key",
         action=_AppendOverEnv,
         metavar="PUBKEY",
         default=default,
-        help="Ed25519 public key (PEM); when given, only artifacts it signed are restored "
+        help=f"Ed25519 public key (PEM); when given, {what} "
         f"(repeat for several keys; env WARMER_TRUSTED_KEY, several separated by ':'{env_now('WARMER_TRUSTED_KEY')})",
     )
 

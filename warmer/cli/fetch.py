@@ -83,7 +83,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     add_deadline(
         c,
         api.DEFAULT_DEADLINE_S,
-        "the whole fetch (index, download, restore) is then a miss; with --all, the whole run",
+        "the whole fetch (index, download, restore) is then a miss (a root already holding the key's whole "
+        "artifact is kept); with --all, the whole run",
     )
     add_owner(c)
 

@@ -28,7 +28,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     add_root(c, what="the root the artifact was fetched into")
     c.add_argument("--env-file", help="an env file (warmer fetch --env-file) applied on top")
     c.add_argument("--offline", action="store_true", help="forbid FlashInfer downloads (FLASHINFER_NO_DOWNLOAD=1)")
-    add_trust(c)
+    add_trust(c, "the root's artifact is served only if one of them signed it, else vLLM starts cold")
     c.add_argument("--dry-run", action="store_true", help="print the env and the command, start nothing")
     c.add_argument(
         "--require-hit",

@@ -236,7 +236,7 @@ class S3Store(Store):
                 return StoreError(
                     f"access denied to {action} {where}{hint}{said}: grant the credentials boto3 found "
                     "s3:GetObject, s3:ListBucket, and to publishers s3:PutObject (gc: "
-                    "s3:DeleteObject) on the bucket and prefix, and on an SSE-KMS bucket the key's "
+                    "s3:DeleteObject; rm: both) on the bucket and prefix, and on an SSE-KMS bucket the key's "
                     "kms:Decrypt (publishers: kms:GenerateDataKey)"
                 )
             if code == "NotImplemented" or status == 501:
