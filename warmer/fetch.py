@@ -157,7 +157,7 @@ def choose(
             f"reading the index entry {recipe.name}/{key[:16]} from {store.url}",
         )
     except (StoreError, UntrustedInput) as e:  # an unreachable store is a slow start too, not a failed pod
-        return Choice(key, "miss", warnings=(f"{e}; vLLM will compile from cold",))
+        return Choice(key, "miss", warnings=(f"{e}; {COLD}",))
     if raw is None:
         return _nothing_for(store, recipe, node, key, deadline, trusted_keys, root)
     try:
@@ -223,7 +223,7 @@ def _at_root(choice: Choice, root: str) -> Choice:
     if kept:
         return replace(choice, components=kept, layers=layers)
     lines = "; ".join(layer.line() for layer in layers if layer.component in choice.components)
-    why = f"no layer of {choice.entry.key[:16]} fits at this root: {lines}; vLLM will compile from cold"
+    why = f"no layer of {choice.entry.key[:16]} fits at this root: {lines}; {COLD}"
     return Choice(choice.key, "miss", nearest=choice.nearest, warnings=(*choice.warnings, why))
 
 
@@ -265,7 +265,7 @@ def _nothing_for(
                 continue
         if part is not None:
             return part
-    warnings.append(f"no artifact for recipe {recipe.name} and this node (key {key[:16]}): vLLM will compile from cold")
+    warnings.append(f"no artifact for recipe {recipe.name} and this node (key {key[:16]}): {COLD}")
     return Choice(key, "miss", nearest=nearest, warnings=tuple(warnings))
 
 
@@ -310,10 +310,10 @@ def fetch(
     except (KeyboardInterrupt, SystemExit, Terminated, UsageError):
         raise
     except DeadlineExceeded as e:
-        choice = Choice("", "miss", warnings=(f"{e}; vLLM will compile from cold",))
+        choice = Choice("", "miss", warnings=(f"{e}; {COLD}",))
     except Exception as e:  # a bug or an unforeseen store answer: still a slow start, said
         check()  # but an unchecked recipe may be what failed: then its RecipeError
-        why = f"no artifact chosen: unexpected {type(e).__name__}: {e}; vLLM will compile from cold"
+        why = f"no artifact chosen: unexpected {type(e).__name__}: {e}; {COLD}"
         choice = Choice("", "error", warnings=(why,))
     own = _own_kept(choice, root, recipe.name, tuple(trusted_keys))
     if own is not None:  # the root holds this key's whole artifact, kept: said why

@@ -128,13 +128,9 @@ def sign(manifest: bytes, private_key: str | Path, previous: Signature | None = 
 
     key = _load(private_key, private=True)
     public = key.public_key()
-    if previous is not None and previous.key_id == _key_id(public) and previous.signed_at and previous.time_signature:
+    if previous is not None and previous.key_id == _key_id(public) and _time_of(manifest, previous, public):
         try:
             public.verify(base64.b64decode(previous.signature, validate=True), manifest)
-            public.verify(
-                base64.b64decode(previous.time_signature, validate=True), _time_message(manifest, previous.signed_at)
-            )
-            datetime.fromisoformat(previous.signed_at)
         except (InvalidSignature, ValueError, binascii.Error):
             pass
         else:
@@ -152,17 +148,24 @@ def sign(manifest: bytes, private_key: str | Path, previous: Signature | None = 
 def signed_time(manifest: bytes, signature: Signature | None, trusted_keys: list[str | Path]) -> datetime | None:
     """When the trusted key that signed manifest says it did; None when the signature carries no
     time (an older warmer's) or its time signature does not verify."""
-    from cryptography.exceptions import InvalidSignature
-
-    if signature is None or signature.signed_at is None or signature.time_signature is None:
+    if signature is None:
         return None
     keys = {_key_id(k): k for k in (_load(p, private=False) for p in trusted_keys)}
     key = keys.get(signature.key_id)
+    return _time_of(manifest, signature, key) if key is not None else None
+
+
+def _time_of(manifest: bytes, signature: Signature, public_key) -> datetime | None:
+    """signature's signed time, when its time signature by public_key verifies over manifest."""
+    from cryptography.exceptions import InvalidSignature
+
+    if signature.signed_at is None or signature.time_signature is None:
+        return None
     try:
         when = datetime.fromisoformat(signature.signed_at)
-        if key is None or when.tzinfo is None:
+        if when.tzinfo is None:
             return None
-        key.verify(
+        public_key.verify(
             base64.b64decode(signature.time_signature, validate=True), _time_message(manifest, signature.signed_at)
         )
     except (InvalidSignature, ValueError, binascii.Error):
