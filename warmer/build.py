@@ -439,12 +439,32 @@ def _write_artifact(
             created_at=created_at,
             layers=layers,
         )
+        _check_listing_fits(art, counts)
         body.seek(0)
         # No fsync (0.5 s per 300 MB archive on this disk): publish checks every byte of the
         # file before it uploads, so a file torn by a power loss is refused there, never published.
         with atomic_write(out, durable=False) as f:
             archive.assemble(art.canonical, body, f)
     return art
+
+
+# The index entry carries artifact.json whole, plus its own few fields and signature (under a KiB).
+_ENTRY_HEADROOM = 64 << 10
+
+
+def _check_listing_fits(art: Artifact, counts: dict[str, list[int]]) -> None:
+    """BuildError when artifact.json outgrows what restore and a store's index entry read: the
+    artifact would be written, then refused by every reader."""
+    size = len(art.canonical)
+    limit = archive.MANIFEST_LIMIT - _ENTRY_HEADROOM  # MANIFEST_LIMIT is the index entry's limit too
+    if size <= limit:
+        return
+    per = ", ".join(f"{name} {n}" for name, (n, _) in sorted(counts.items(), key=lambda kv: -kv[1][0]))
+    raise BuildError(
+        f"the root lists {len(art.files)} files ({per}): artifact.json would take {size} bytes, over the "
+        f"{limit} that restore and a store's index entry read, so no node could use the artifact. Pack "
+        "a root that holds this recipe's warm-up alone, or warm fewer shapes (the recipe's workload)"
+    )
 
 
 # -- publish ------------------------------------------------------------------------------------------

@@ -111,6 +111,19 @@ def test_artifact_json_is_capped_at_what_an_index_entry_holds():
     assert archive.MANIFEST_LIMIT == MAX_INDEX_BYTES
 
 
+def test_pack_refuses_a_listing_no_reader_would_take(tmp_path, monkeypatch):
+    """A root of some 300,000 files makes an artifact.json over the limit: pack says so, with each
+    component's count, instead of writing an artifact that restore and publish refuse as a bomb.
+    The limit is scaled down here to what the tiny root's listing exceeds."""
+    make_cache_tree(tmp_path / "src")
+    monkeypatch.setattr(build, "_ENTRY_HEADROOM", archive.MANIFEST_LIMIT - 1000)
+    with pytest.raises(build.BuildError, match=r"lists 5 files \(inductor 3, vllm 1, inductor-headers 1\): artifact.json would take"):
+        build.pack_root(tmp_path / "src", tiny_recipe(), tmp_path / "a.tar.zst")
+    assert not (tmp_path / "a.tar.zst").exists()
+    monkeypatch.undo()
+    assert build.pack_root(tmp_path / "src", tiny_recipe(), tmp_path / "a.tar.zst").files
+
+
 def test_another_form_of_artifact_json_is_bounded_by_the_one_asked_for(packed):
     """A restore compares the archive's artifact.json with the index's as it streams by. Another
     byte form of the same one (indented) is parsed, up to twice the size of the one asked for:
