@@ -378,6 +378,8 @@ def pack_root(
 ) -> Artifact:
     """Pack root's caches into out (tar.zst); return the artifact.json written into it. With
     SOURCE_DATE_EPOCH set, the same root packs to the same bytes (build_time)."""
+    if not 1 <= level <= 22:  # zstd's own error would be a ValueError, not the caller's to catch as warmer's
+        raise UsageError(f"zstd level {level}: give 1 to 22")
     created_at = build_time()
     target = Target.of(recipe, Path(root).absolute(), fp)
     return _write_artifact(

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from warmer.errors import StoreError
+from warmer.errors import StoreError, UsageError
 
 log = logging.getLogger("warmer")
 T = TypeVar("T")
@@ -51,7 +51,7 @@ class Deadline:
 
     def __init__(self, seconds: float | None = DEFAULT_S, what: str = "fetch", parent: Deadline | None = None):
         if seconds is not None and not seconds > 0:
-            raise ValueError("a deadline is a positive number of seconds")
+            raise UsageError(f"deadline {seconds!r}: a deadline is a positive number of seconds")
         self.seconds, self.what, self.parent = seconds, what, parent
         self.at = time.monotonic() + seconds if seconds is not None else None
         if parent is not None and parent.at is not None and (self.at is None or parent.at < self.at):

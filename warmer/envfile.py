@@ -7,6 +7,9 @@ Two formats:
             quoting: read alike by sh, systemd's EnvironmentFile and docker compose (`docker run
             --env-file` keeps quotes literally). Its readers take it line by line, so a newline,
             or a `'` with one of $ ` " \\ (what sh expands in "..."), is refused: use shell
+    docker  KEY=value, the value verbatim: what `docker run --env-file` and `kubectl create
+            configmap --from-env-file` read (they keep quotes as part of the value). Never for sh:
+            nothing is quoted. A newline, a leading quote or trailing whitespace is refused
 Neither carries a control character other than tab and newline (UNSAFE).
 
 A Deployment sources this file, so what goes in is checked like untrusted input: names are
@@ -32,7 +35,7 @@ PLAIN = re.compile(r"^[A-Za-z0-9_./:,@%+=-]*$")  # nothing sh would expand or sp
 # read the file in Python's text mode, which reads \r as a newline. recipe.py refuses them in [env].
 UNSAFE = re.compile(r"[\x01-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 EXPANDED = re.compile(r'[$`"\\]')  # what sh (and compose) reads specially inside "..."
-FORMATS = ("dotenv", "shell")
+FORMATS = ("dotenv", "shell", "docker")
 MAX_BYTES = 1 << 20
 
 _T = TypeVar("_T")
@@ -102,8 +105,21 @@ class EnvFile:
                     f"env {k} holds U+{ord(bad.group()):04X}, a control character or line separator, which an "
                     "env file cannot carry (only text, tabs and newlines): remove it"
                 )
+            try:
+                v.encode()
+            except UnicodeEncodeError:
+                raise EnvFileError(
+                    f"env {k} is not UTF-8 text (a path named in other bytes?), which an env file must be: rename it"
+                ) from None
             if fmt == "shell":
                 lines.append(f"export {k}={shlex.quote(v)}")
+            elif fmt == "docker":  # its readers keep every byte after the `=`
+                if "\n" in v or v[:1] in ("'", '"') or v != v.rstrip():
+                    raise EnvFileError(
+                        f"env {k} holds a newline, a leading quote or trailing whitespace, which "
+                        "`docker run --env-file` reads differently from warmer: use --env-format shell"
+                    )
+                lines.append(f"{k}={v}")
             elif PLAIN.fullmatch(v):
                 lines.append(f"{k}={v}")
             elif "\n" in v or ("'" in v and EXPANDED.search(v)):  # readers take a dotenv file line by line

@@ -41,6 +41,16 @@ def test_a_miss_is_a_result_and_errors_share_one_base(tmp_path):
     assert isinstance(e.value, WarmerError) and e.value.exit_code == 2
 
 
+def test_a_bad_argument_a_pipeline_passes_is_a_usage_error(tmp_path):
+    """The CLI's parser checks these; a pipeline calling the API got ValueError, which its
+    `except WarmerError` did not catch."""
+    for call in (lambda: api.fetch(tiny_recipe(), f"file://{tmp_path}", tmp_path / "root", deadline=0),
+                 lambda: api.ls(f"file://{tmp_path}", deadline=-1),
+                 lambda: api.pack(tmp_path, tiny_recipe(), tmp_path / "a.tar.zst", level=99)):
+        with pytest.raises(UsageError, match="deadline 0|deadline -1|zstd level 99: give 1 to 22"):
+            call()
+
+
 def test_ls_by_recipe_file_needs_only_its_name(tmp_path, packed, monkeypatch):
     """`warmer ls --store S --recipe manifests/models/X.toml` on an operator's laptop: the recipe's
     ${VAR}s (the nodes' model path) are not set there, and listing a store needs its name alone."""

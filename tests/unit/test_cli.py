@@ -382,6 +382,19 @@ def test_fetch_refuses_a_value_dotenv_cannot_carry_before_fetching_and_shell_car
     assert EnvFile.parse(env_file.read_text(), str(env_file))["X_HEADERS"] == "X-A: 1\nX-B: it's $2"
 
 
+def test_an_env_file_fetch_could_not_write_is_refused_before_fetching(tmp_path):
+    """A root named in bytes that are not UTF-8 was a traceback once the root was restored; an
+    --env-file that is a directory blamed its (writable) parent."""
+    recipe, store = write_tiny_recipe(tmp_path / "tiny.toml"), f"file://{tmp_path / 'empty'}"
+    root = os.fsdecode(bytes(tmp_path) + b"/caf\xe9")
+    out = run_warmer("fetch", recipe, "--store", store, "--root", root, "--env-file", tmp_path / "vllm.env",
+                     "--env-format", "shell", env=_env())
+    assert out.returncode == 2 and "is not UTF-8 text" in out.stderr, out.stderr
+    assert not os.path.exists(root)
+    out = run_warmer("fetch", recipe, "--store", store, "--root", tmp_path / "root", "--env-file", tmp_path, env=_env())
+    assert out.returncode == 2 and f"--env-file {tmp_path} is a directory" in out.stderr, out.stderr
+
+
 def test_fetch_writes_a_quote_into_a_dotenv_file_after_a_miss(tmp_path):
     recipe = _recipe_with_env(tmp_path, "X_NOTE = \"it's\"")
     env_file = tmp_path / "vllm.env"

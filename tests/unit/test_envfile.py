@@ -4,9 +4,12 @@ naming the variable and the fix."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -81,3 +84,87 @@ def test_an_unterminated_quote_names_the_line_it_starts_on():
     text = "A=1\nexport B='x\n" + "C=2\n" * 50_000
     with pytest.raises(EnvFileError, match=r"env file:2: No closing quotation"):
         EnvFile.parse(text)
+
+
+class _Engine(http.server.BaseHTTPRequestHandler):
+    """Stands in for dockerd, which cannot run here: it records the Env of the container the real
+    docker client asks it to create (the client parses --env-file itself), then refuses it."""
+
+    created: list[list[str]] = []
+
+    def _reply(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Api-Version", "1.47")
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self):
+        self._reply(200, b"OK", "text/plain")
+
+    def do_GET(self):
+        self._reply(200, b"OK", "text/plain") if "_ping" in self.path else self._reply(404, b'{"message":"no"}')
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if "/containers/create" in self.path:
+            self.created.append(json.loads(body)["Env"])
+        self._reply(500, b'{"message":"recorded, not run"}')
+
+    def log_message(self, *args):
+        pass
+
+
+def docker_reads(path, tmp_path) -> dict[str, str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Engine.created.clear()
+    try:
+        subprocess.run([shutil.which("docker"), "-H", f"tcp://127.0.0.1:{server.server_address[1]}", "run",
+                        "--env-file", str(path), "busybox"], capture_output=True, env={"DOCKER_CONFIG": str(tmp_path)},
+                       timeout=60)
+    finally:
+        server.shutdown()
+    assert _Engine.created, "the docker client created no container"
+    return dict(line.split("=", 1) for line in _Engine.created[0])
+
+
+def kubectl_reads(path) -> dict[str, str]:
+    out = subprocess.run(["kubectl", "create", "configmap", "x", f"--from-env-file={path}", "--dry-run=client",
+                          "-o", "json"], capture_output=True, text=True, check=True, timeout=60)
+    return json.loads(out.stdout)["data"]
+
+
+def test_the_docker_format_is_read_alike_by_docker_kubectl_and_warmer_or_refused(tmp_path):
+    """`docker run --env-file` and `kubectl create configmap --from-env-file` keep quotes as part of
+    the value, so the dotenv file's '/cache/my root' reached them quoted. The docker format writes
+    values verbatim; what they would read otherwise than warmer is refused, naming the fix."""
+    carried = {}
+    for name, value in AWKWARD.items():
+        try:
+            EnvFile.of({name: value}).render("docker")
+        except EnvFileError as e:
+            assert f"env {name} holds" in str(e) and "use --env-format shell" in str(e)
+            assert "\n" in value or value != value.rstrip(), name  # nothing it could carry
+            continue
+        carried[name] = value
+    assert {"SPACE", "DOLLAR", "QUOTE", "DQ", "BOTH", "BS", "JSON"} - carried.keys() == {"JSON"}
+    f = tmp_path / "vllm.env"
+    f.write_bytes(EnvFile.of(carried).render("docker").encode())
+    assert read_back(f) == carried
+    readers = {"docker": lambda: docker_reads(f, tmp_path), "kubectl": lambda: kubectl_reads(f)}
+    ran = [name for name in readers if shutil.which(name)]
+    if not ran:
+        pytest.skip("neither the docker nor the kubectl client is installed")
+    for name in ran:
+        got = readers[name]()
+        assert {k: got.get(k) for k in carried} == carried, name
+
+
+def test_a_value_that_is_not_utf8_is_refused_naming_it():
+    """A root named in other bytes (os.fsdecode's surrogates) was a UnicodeEncodeError after the
+    restore; it is refused when the env is rendered, which fetch does before it fetches."""
+    with pytest.raises(EnvFileError, match="env A is not UTF-8 text"):
+        EnvFile.of({"A": "/cache/caf\udce9/vllm"}).render("shell")

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 # Commands call warmer.api alone; warmer.errors is the error model every module shares.
 from warmer import __version__, api, errors
 from warmer.atomic import in_place
+from warmer.envfile import FORMATS
 
 if TYPE_CHECKING:
     from warmer.api import EnvFile
@@ -93,8 +94,10 @@ def check_out_file(flag: str, path: str, fix: str) -> None:
     where = os.path.dirname(os.path.abspath(path))
     if in_place(Path(path)) and os.access(path, os.W_OK, effective_ids=True):  # /dev/stdout: written into
         return
+    if os.path.isdir(path):
+        raise errors.UsageError(f"{flag} {path} is a directory: name a file (in it, say)")
     # as the write will be judged: effective ids and capabilities
-    if os.path.isdir(path) or not os.path.isdir(where) or not os.access(where, os.W_OK | os.X_OK, effective_ids=True):
+    if not os.path.isdir(where) or not os.access(where, os.W_OK | os.X_OK, effective_ids=True):
         raise errors.UsageError(f"{flag} {path}: {where} is not a directory this user can write: {fix}")
 
 
@@ -172,9 +175,11 @@ def add_env_out(c: argparse.ArgumentParser) -> None:
     c.add_argument("--env-file", help="write the env vLLM must start with to this file")
     c.add_argument(
         "--env-format",
-        choices=("dotenv", "shell"),
+        choices=FORMATS,
         default="dotenv",
-        help="format of --env-file (default dotenv: KEY=VALUE, quoted where needed)",
+        help="format of --env-file: dotenv (default; KEY=VALUE, quoted where needed, for sh, systemd "
+        "and docker compose), shell (export lines, any value) or docker (KEY=VALUE verbatim, for "
+        "`docker run --env-file` and `kubectl create configmap --from-env-file`)",
     )
     c.add_argument(
         "--offline",
