@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import stat
 import tempfile
 import time
@@ -288,6 +289,15 @@ def locked(
             raise not_activated(
                 root, f"the lock {path} is a symbolic link, which warmer never creates: someone planted it; remove it"
             ) from None
+        # the lock alone in the way (its directory writable): the fix is the lock's, not the directory's
+        writable = os.access(path.parent, os.W_OK | os.X_OK, effective_ids=True)
+        if e.errno in (errno.EACCES, errno.EPERM) and writable and (st := _lstat(path)) is not None:
+            raise not_activated(
+                root,
+                f"{e.strerror}: the lock {path} belongs to uid {st.st_uid} with mode {stat.filemode(st.st_mode)}, which this "
+                f"user (uid {os.geteuid()}) cannot open (a fetch run as root without --owner made it): as root, "
+                f"`chown {os.geteuid()}:GID {path}`, or remove it",
+            ) from None
         raise
     try:
         st = os.fstat(fd)
@@ -314,6 +324,13 @@ def locked(
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
 
 
 def _wait_for(fd: int, root: Path, path: Path, timeout: float, deadline: Deadline | None) -> None:
@@ -374,12 +391,21 @@ def _activate(staging: Path, root: Path) -> None:
     except OSError as e:
         if e.errno not in (errno.ENOSYS, errno.EINVAL):
             raise
-        # Filesystems without RENAME_EXCHANGE: two renames; a crash between them leaves the
-        # old tree at .old, which the next restore moves back before anything else.
+        # Filesystems without RENAME_EXCHANGE (NFS): two renames; a crash between them leaves the
+        # old tree at .old, which the next restore moves back before anything else. SIGTERM (a pod
+        # deleted) waits for the pair: raised between them, it left no root and removed the new tree.
         old = staging.with_name(staging.name + ".old")
-        os.rename(root, old)
-        os.rename(staging, root)
-        os.rename(old, staging)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        try:
+            os.rename(root, old)
+            try:
+                os.rename(staging, root)
+            except OSError:
+                os.rename(old, root)
+                raise
+            os.rename(old, staging)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _ours(path: Path, owner: tuple[int, int] | None = None) -> bool:
@@ -489,6 +515,8 @@ def unwritable(
         else:
             ok = _may(other, st, 0o3)
         if not ok:
+            if os.statvfs(d).f_flag & os.ST_RDONLY:
+                return f"{d} is on a read-only filesystem"
             return f"{d} is owned by {st.st_uid}:{st.st_gid} with mode {stat.filemode(st.st_mode)}"
     if other is not None:  # and the way there: each directory above, searched (the kernel checks it too)
         for p in sorted({p for d in dirs for p in d.parents}.difference(dirs)):
@@ -516,10 +544,18 @@ def _may(owner: tuple[int, int], st: os.stat_result, bits: int) -> bool:
 
 
 def ownership_fix(root: Path, uid: int) -> str:
-    """The commands that hand root to uid, for a message."""
+    """The commands that hand root (and its lock, beside it) to uid, for a message; on a read-only
+    filesystem, where no chown helps, that."""
+    try:
+        read_only = bool(os.statvfs(_nearest_existing(root)).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return "Fix: the filesystem is mounted read-only: mount it read-write, or choose a root on a writable volume"
+    lock = f" {lock_path(root)}" if os.path.lexists(lock_path(root)) else ""
     return (
         f"Fix: fetch as root with `--owner {uid}:GID` (warmer hands the root over), or `chown -R {uid}:GID "
-        f'{root}` as root, or run the fetch as uid {uid} on a directory it owns (README, "Ownership")'
+        f'{root}{lock}` as root, or run the fetch as uid {uid} on a directory it owns (README, "Ownership")'
     )
 
 
@@ -675,12 +711,17 @@ def restore(
             why = None if force or marker else _replaceable(root)
             if why:
                 raise not_activated(root, why)
-            need, free = art.total_bytes, shutil.disk_usage(root.parent).free
+            need = (  # a partial hit of a layered artifact reads its components' layers alone
+                sum(c.bytes for name, c in art.components.items() if name in components)
+                if components is not None and open_layer is not None and art.layers
+                else art.total_bytes
+            )
+            free = shutil.disk_usage(root.parent).free
             if need > free:
                 raise not_activated(
                     root,
-                    f"the artifact unpacks to {need / 2**30:.2f} GiB but {root.parent} has "
-                    f"{free / 2**30:.2f} GiB free: free space or choose another root",
+                    f"what is restored unpacks to {need / 1e6:.1f} MB but {root.parent} has "
+                    f"{free / 1e6:.1f} MB free: free space or choose another root",
                 )
             try:
                 staging.mkdir()

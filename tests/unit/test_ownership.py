@@ -98,6 +98,27 @@ def test_a_root_owned_root_is_never_handed_to_vllm(node):
     assert f"chown -R {SERVING}:{SERVING} {root}" in finding["fix"]
 
 
+def test_the_lock_a_root_fetch_left_is_named_with_its_fix(node):
+    """A fetch run as root without --owner leaves the root and its lock (beside it, 0600) root's.
+    The printed fix chowned the root alone: the serving user's fetches still failed on the lock,
+    blamed on the root's (writable) parent, and no newer build was ever activated."""
+    root = node["base"] / "tiny"
+    lock = restore.lock_path(root)
+    assert warmer("fetch", node["recipe"], "--store", node["store"], "--root", root).returncode == 0
+    refused = warmer("serve", node["recipe"], "--root", root, "--dry-run", uid=SERVING, home=node["home"])
+    assert f"chown -R {SERVING}:GID {root} {lock}` as root" in refused.stderr, refused.stderr
+    for p in (node["base"], *root.rglob("*"), root):  # the root handed over, its lock not
+        os.lchown(p, SERVING, SERVING)
+    out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--require", uid=SERVING,
+                 home=node["home"])
+    assert out.returncode == 3, out.stderr
+    assert f"the lock {lock} belongs to uid 0" in out.stderr and f"`chown {SERVING}:GID {lock}`" in out.stderr
+    os.chown(lock, SERVING, SERVING)
+    out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--require", uid=SERVING,
+                 home=node["home"])
+    assert out.returncode == 0 and "already-active" in out.stderr, out.stderr
+
+
 def test_a_cold_directory_another_user_made_first_in_a_shared_tmp_is_not_taken(node, shared):
     """The systemd path shares /tmp: uid 2000 makes warmer-cold-tiny-1000 there first, world-writable.
     serve, as uid 1000 on a root it cannot write, pointed vLLM's Inductor and Triton caches (kernels

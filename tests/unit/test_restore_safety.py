@@ -2,6 +2,7 @@
 read-only and unwritable roots, mutated artifacts. After each, the root holds the previous
 complete cache or the new complete cache, never a mix, and nothing lands outside it."""
 
+import errno
 import hashlib
 import io
 import json
@@ -20,8 +21,10 @@ import pytest
 import zstandard
 
 from tests.conftest import REPO
-from warmer import archive, artifact, restore
+from warmer import archive, artifact, build, restore
+from warmer.store import open_store
 from warmer.archive import FileEntry
+from warmer.errors import Terminated
 
 
 def assert_complete(root: Path) -> str:
@@ -227,13 +230,71 @@ def small_fs(tmp_path):
         subprocess.run(["umount", "-l", str(point)], check=False)
 
 
+def test_a_partial_hit_needs_room_for_its_components_alone(small_fs, packed):
+    """Only the components that fit the node are written: the space check counted the whole
+    artifact, and refused, on a nearly full disk, a restore that needed a fraction of it."""
+    b = packed("B", extra={"triton/abc/big.cubin": os.urandom(3 << 20)})
+    store = open_store(f"file://{b.path.parent / 'store'}")
+    build.publish(store, b.path, layers=True)
+    fs = small_fs("partial", "size=2m")
+    kept = ("inductor", "inductor-headers", "vllm")
+    got = restore.restore(b.artifact, None, fs / "root", components=kept,
+                          open_layer=lambda layer: store.stream_blob(layer.sha256, layer.size))
+    assert got.status == "restored" and not (fs / "root" / "triton" / "abc").exists()
+    assert restore.active(fs / "root").components == kept
+
+
+def test_a_read_only_root_is_said_so_not_blamed_on_its_owner(small_fs, packed):
+    """A volume mounted read-only: the fix printed was to chown the root, which fails there too."""
+    fs = small_fs("ro", "size=8m")
+    restore.restore_file(packed("A").path, fs / "root")
+    subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+    assert restore.unwritable(fs / "root") == f"{fs / 'root'} is on a read-only filesystem"
+    assert "mounted read-only" in restore.ownership_fix(fs / "root", 1000)
+    assert "chown" not in restore.ownership_fix(fs / "root", 1000)
+
+
+def test_sigterm_between_the_two_renames_of_a_swap_leaves_a_root(tmp_path, packed, monkeypatch):
+    """Where renameat2's RENAME_EXCHANGE is refused (NFS: EINVAL; made so here) the swap is two
+    renames. SIGTERM (the pod deleted) raised between them left no root at all, and the new tree,
+    then at the staging path, was removed with it."""
+    root = tmp_path / "root"
+    restore.restore_file(packed("A").path, root)
+    b = packed("B", extra={"inductor/b.so": b"b"}).path
+
+    def no_exchange(a, b):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    real = os.rename
+
+    def rename(src, dst):
+        real(src, dst)
+        if Path(src) == root:  # the old tree moved aside: the moment a SIGTERM hurt
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def terminated(signum, frame):
+        raise Terminated("SIGTERM")
+
+    monkeypatch.setattr(restore, "_exchange", no_exchange)
+    monkeypatch.setattr(restore.os, "rename", rename)
+    before = signal.signal(signal.SIGTERM, terminated)
+    try:
+        with pytest.raises(Terminated):
+            restore.restore_file(b, root)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        monkeypatch.undo()
+    assert assert_complete(root) == "B"
+    assert [p.name for p in tmp_path.iterdir() if ".staging-" in p.name] == []
+
+
 def test_full_disk_keeps_the_previous_cache(tmp_path, small_fs, packed):
     a = packed("A").path
     b = packed("B", extra={"inductor/big.so": os.urandom(3 << 20)}).path
     # Too little room for B at all: refused before a byte is written, with the sizes.
     fs = small_fs("small", "size=2m")
     restore.restore_file(a, fs / "root")
-    with pytest.raises(restore.RestoreError, match="GiB free"):
+    with pytest.raises(restore.RestoreError, match=r"unpacks to 3\.\d MB but .* has \d\.\d MB free"):
         restore.restore_file(b, fs / "root")
     assert assert_complete(fs / "root") == "A"
     # Room for the bytes but not for the files (inodes run out mid-extraction): ENOSPC.
