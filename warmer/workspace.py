@@ -190,11 +190,13 @@ class Workspace:
                 origin = self._origin(art_id, trusted_keys) if art_id else None
                 origins[art_id] = units(origin.files) if origin else {}
             held = origins[art_id].get(unit, [])
-            if not held or {e.path for e in wanted} - {e.path for e in held} or not self._intact(held, hashed):
+            lacks = not held or {e.path for e in wanted} - {e.path for e in held}
+            if lacks or not self._intact(held, hashed, bool(trusted_keys)):
                 yield unit
 
-    def _intact(self, held: list[FileEntry], hashed: bool) -> bool:
-        rebuilt = self._rebuilt_here(held)
+    def _intact(self, held: list[FileEntry], hashed: bool, trusted: bool) -> bool:
+        # ninja's rebuild is the node's own code, which no key signed: with keys, the signed copy goes back
+        rebuilt = not trusted and self._rebuilt_here(held)
         for e in held:
             path = self.path / e.path[len(PREFIX) :]
             try:

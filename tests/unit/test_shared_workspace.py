@@ -170,6 +170,35 @@ def test_a_damaged_unit_is_replaced_from_the_artifact_not_reused(node):
     assert fetch.fetch(recipe("a"), store, base / "a").restore.status == "already-active"
 
 
+def test_with_trusted_keys_a_module_passed_off_as_rebuilt_on_the_node_is_replaced(tmp_path):
+    """A pod that writes the workspace overwrites a module's .so and appends a line to its
+    .ninja_log: without keys that passes for ninja's own rebuild (kept, the test below). With
+    --trusted-key nothing built on the node passes for a signed unit: the signed copy goes back."""
+    from tests.unit.test_signing import _keypair
+
+    private, public = _keypair(tmp_path, "k")
+    base, store = tmp_path / "cache", open_store(f"file://{tmp_path / 'store'}")
+    files = {}
+    for name in ("a", "b"):
+        files[name] = {**_module("silu_and_mul", os.urandom(50_000)),
+                       f"{MODULE_DIR}/cached_ops/silu_and_mul/.ninja_log": f"# ninja log v5\n1\t2\t0\t{name}\n".encode()}
+        make_cache_tree(base / name)
+        _pack(base / name, name, files[name], tmp_path / f"{name}.tar.zst")
+        build.publish(store, tmp_path / f"{name}.tar.zst", str(private), layers=True)
+        shutil.rmtree(base)
+    keys = [str(public)]
+    assert fetch.fetch(recipe("a"), store, base / "a", trusted_keys=keys).status == "hit"
+    md = base / "a" / f"{MODULE_DIR}/cached_ops/silu_and_mul"
+    (md / "silu_and_mul.so").write_bytes(b"\x7fELF planted by another pod")
+    with open(md / ".ninja_log", "ab") as log:
+        log.write(b"3\t4\t0\tplanted\n")
+
+    got = fetch.fetch(recipe("b"), store, base / "b", trusted_keys=keys)
+    assert got.status == "hit" and "flashinfer" not in (got.restore.reused or ()), got.restore
+    rel = f"{MODULE_DIR}/cached_ops/silu_and_mul/silu_and_mul.so"
+    assert (base / "b" / rel).read_bytes() == files["b"][rel]
+
+
 def test_a_module_flashinfer_rebuilt_on_the_node_is_kept_not_restored_again(tmp_path):
     """A node image rebuilt with the same pins gives FlashInfer's headers new mtimes: ninja rebuilds
     the module at the first start. The next fetch must keep that build (the artifact's copy put
