@@ -13,7 +13,7 @@ import stat
 import sys
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
@@ -56,16 +56,20 @@ def atomic_write(path: str | os.PathLike, mode: int = 0o644, durable: bool = Tru
 _OPEN_FILES = ("/proc/", "/dev/fd/", "/dev/stdout", "/dev/stderr")
 
 
-def _own_stream(path: Path) -> int | None:
-    """This process's stdout or stderr when path is it (/dev/stdout), duplicated: written at its own
-    offset, after what was printed there, where a second open of a redirected file would write over it."""
-    st = os.stat(path)
-    for std, stream in ((1, sys.stdout), (2, sys.stderr)):
+def own_stream(path: Path) -> int | None:
+    """1 or 2 when path is this process's stdout or stderr (/dev/stdout). It is written through a dup
+    of that descriptor: at its own offset, after what was printed there, where a second open of a
+    redirected file would write over it; and a pipe the container runtime made (root's, 0600) is
+    writable through it by a process that may not open it again."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    for std in (1, 2):
         try:
             if os.path.samestat(os.fstat(std), st):
-                stream.flush()
-                return os.dup(std)
-        except (OSError, ValueError):
+                return std
+        except OSError:
             continue
     return None
 
@@ -88,8 +92,12 @@ def in_place(path: Path) -> bool:
 def _open_in_place(path: Path) -> Iterator[BinaryIO]:
     """path opened to write, truncated as a shell's `>` does. A FIFO without a reader is an error at
     once, not a wait for one that may never come."""
-    fd = _own_stream(path)
-    if fd is None:
+    std = own_stream(path)
+    if std is not None:
+        with suppress(OSError, ValueError):  # what was printed goes first; a closed sys.stdout has nothing
+            (sys.stdout if std == 1 else sys.stderr).flush()
+        fd = os.dup(std)
+    else:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:

@@ -119,6 +119,16 @@ def test_the_lock_a_root_fetch_left_is_named_with_its_fix(node):
     assert out.returncode == 0 and "already-active" in out.stderr, out.stderr
 
 
+def test_an_env_file_on_the_stdout_pipe_the_runtime_made_is_written_by_the_serving_user(node):
+    """A container run as uid 1000 writes fd 1, a pipe the runtime made as root (0600), which it may
+    not open again: `--env-file /dev/stdout` was refused as '/dev is not a directory this user can
+    write' before anything was fetched."""
+    out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", node["home"] / "r", "--env-file",
+                 "/dev/stdout", uid=SERVING, home=node["home"])
+    assert out.returncode == 0, out.stderr
+    assert f"VLLM_CACHE_ROOT={node['home'] / 'r' / 'vllm'}" in out.stdout, out.stdout
+
+
 def test_a_cold_directory_another_user_made_first_in_a_shared_tmp_is_not_taken(node, shared):
     """The systemd path shares /tmp: uid 2000 makes warmer-cold-tiny-1000 there first, world-writable.
     serve, as uid 1000 on a root it cannot write, pointed vLLM's Inductor and Triton caches (kernels

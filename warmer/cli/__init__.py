@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 # Commands call warmer.api alone; warmer.errors is the error model every module shares.
 from warmer import __version__, api, errors
-from warmer.atomic import in_place
+from warmer.atomic import in_place, own_stream
 from warmer.envfile import FORMATS
 
 if TYPE_CHECKING:
@@ -92,8 +92,8 @@ def check_out_file(flag: str, path: str, fix: str) -> None:
     a directory this user cannot write is the operator's to fix (exit 2), said before anything is
     fetched; found after, it fails the pod that the fetch had just warmed."""
     where = os.path.dirname(os.path.abspath(path))
-    if in_place(Path(path)) and os.access(path, os.W_OK, effective_ids=True):  # /dev/stdout: written into
-        return
+    if in_place(Path(path)) and (own_stream(Path(path)) or os.access(path, os.W_OK, effective_ids=True)):
+        return  # /dev/stdout, /dev/null: written into
     if os.path.isdir(path):
         raise errors.UsageError(f"{flag} {path} is a directory: name a file (in it, say)")
     # as the write will be judged: effective ids and capabilities
