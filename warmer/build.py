@@ -15,6 +15,7 @@ publish  read the whole artifact back (every member against artifact.json), then
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -678,8 +679,15 @@ def _publish_layers(
 
 
 def _put_layer(store: Store, f, body: int, layer: Layer, path: Path) -> bool:
-    """One layer's bytes of the artifact file f, checked against its digest, uploaded as its blob."""
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.{layer.component}.") as part:
+    """One layer's bytes of the artifact file f, checked against its digest, uploaded as its blob.
+    The part is written beside the artifact (room for it there), else in TMPDIR (a read-only folder)."""
+    try:
+        part = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.{layer.component}.")
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        part = tempfile.NamedTemporaryFile(prefix=f"{path.name}.{layer.component}.")
+    with part:
         f.seek(body + layer.offset)
         digest, n = archive.copy_hashed(f, part.file, layer.size)
         if n != layer.size:

@@ -129,6 +129,22 @@ def test_an_env_file_on_the_stdout_pipe_the_runtime_made_is_written_by_the_servi
     assert f"VLLM_CACHE_ROOT={node['home'] / 'r' / 'vllm'}" in out.stdout, out.stdout
 
 
+def test_publish_in_layers_from_a_folder_the_publisher_cannot_write(shared, packed, node):
+    """A release pipeline publishes the artifact where the build left it, a folder it may only read:
+    each layer's part was written beside the artifact, and the publish failed on it."""
+    art = shared / "art"
+    art.mkdir()
+    shutil.copy(packed("a").path, art / "a.tar.zst")
+    (art / "a.tar.zst").chmod(0o644)
+    store = shared / "layered"
+    store.mkdir()
+    os.chown(store, SERVING, SERVING)
+    out = warmer("publish", art / "a.tar.zst", "--store", f"file://{store}", "--layers", uid=SERVING,
+                 home=node["home"], TMPDIR=str(node["home"]))
+    assert out.returncode == 0 and "published" in out.stdout + out.stderr, out.stderr
+    assert [p.name for p in art.iterdir()] == ["a.tar.zst"] and not list(node["home"].glob("a.tar.zst.*"))
+
+
 def test_a_cold_directory_another_user_made_first_in_a_shared_tmp_is_not_taken(node, shared):
     """The systemd path shares /tmp: uid 2000 makes warmer-cold-tiny-1000 there first, world-writable.
     serve, as uid 1000 on a root it cannot write, pointed vLLM's Inductor and Triton caches (kernels
