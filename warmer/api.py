@@ -504,7 +504,9 @@ def ls(
 
     name = recipe_name_of(recipe_name) if recipe_name else None
     bound = Deadline(deadline, "ls")
-    return bound.call(lambda: catalog.ls(store(store_url, **store_options), name), "listing the store")
+    # the store gets the deadline too: its requests and retries end by it
+    opened = store(store_url, deadline=bound, **store_options)
+    return bound.call(lambda: catalog.ls(opened, name), "listing the store")
 
 
 def gc(

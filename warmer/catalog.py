@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from warmer import __version__
 from warmer.contract import user_name
+from warmer.deadline import map_on_daemon_threads
 from warmer.entry import IndexEntry
 from warmer.errors import StoreError, UntrustedInput, UsageError
 from warmer.names import HEX64
@@ -52,8 +52,8 @@ def read_entries(store: Store, names: list[tuple[str, str]]) -> tuple[list[Index
         except UntrustedInput as e:
             return Unreadable(*rk, str(e))
 
-    with ThreadPoolExecutor(8) as pool:  # within boto3's connection pool
-        found = [e for e in pool.map(read, names) if e is not None]
+    # 8: within boto3's connection pool; daemon threads, that stop at the store's deadline
+    found = [e for e in map_on_daemon_threads(read, names, 8, store.deadline, "reading entries") if e is not None]
     return ([e for e in found if isinstance(e, IndexEntry)], [e for e in found if isinstance(e, Unreadable)])
 
 

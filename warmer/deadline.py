@@ -150,11 +150,13 @@ def unbounded() -> Deadline:
     return Deadline(None)
 
 
-def map_on_daemon_threads(fn, items: list, threads: int) -> list:
+def map_on_daemon_threads(fn, items: list, threads: int, deadline: Deadline | None = None, doing: str = "") -> list:
     """[fn(item) for item in items], on up to threads daemon threads; the first error is raised.
     Not a ThreadPoolExecutor: the interpreter joins its workers at exit, so a listing a fetch's
     deadline or SIGTERM abandoned held the process for every request still waiting on a stalled
-    store (a read timeout each); daemon threads end with it."""
+    store (a read timeout each); daemon threads end with it. Past deadline no item is begun (an
+    abandoned map went on parsing entries beside the fetch that gave up on it), and the map raises
+    DeadlineExceeded: it never returns a part of the list."""
     out: list = [None] * len(items)
     todo = iter(enumerate(items))
     lock = threading.Lock()
@@ -165,6 +167,9 @@ def map_on_daemon_threads(fn, items: list, threads: int) -> list:
             with lock:
                 nxt = next(todo, None)
             if nxt is None:
+                return
+            if deadline is not None and deadline.expired():
+                failed.append(deadline.error(doing))
                 return
             try:
                 out[nxt[0]] = fn(nxt[1])

@@ -232,7 +232,7 @@ def explain(store: Store, recipe: Recipe, node: Fingerprint, *, limit: int | Non
             return key, f"index entry unreadable: {e}"
 
     # daemon threads: a fetch's deadline abandons a stalled read (deadline.call)
-    found = map_on_daemon_threads(judged, store.list_index(recipe.name)[:limit], 8)
+    found = map_on_daemon_threads(judged, store.list_index(recipe.name)[:limit], 8, store.deadline, "judging entries")
     candidates = sorted((c for c in found if isinstance(c, Candidate)), key=_rank)
     unreadable = [u for u in found if isinstance(u, tuple)]
     return Explanation(

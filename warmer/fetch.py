@@ -159,6 +159,10 @@ def choose(
     except (StoreError, UntrustedInput) as e:  # an unreachable store is a slow start too, not a failed pod
         return Choice(key, "miss", warnings=(f"{e}; {COLD}",))
     if raw is None:
+        if root is not None and _whole_own(Path(root), key, trusted_keys):  # kept (_own_kept): nothing to look for
+            return Choice(
+                key, "miss", warnings=(f"no artifact for recipe {recipe.name} and this node (key {key[:16]}): {COLD}",)
+            )
         return _nothing_for(store, recipe, node, key, deadline, trusted_keys, root)
     try:
         entry = IndexEntry.read(raw, recipe.name, key, trusted_keys)  # the signature first, then the rest
@@ -408,13 +412,11 @@ def _own_kept(choice: Choice, root: Path, recipe: str, trusted_keys: tuple) -> t
     )
     if not choice.key or not (miss or other or fewer_gpus):
         return None
-    marker = restore.active(root)
-    if marker is None or marker.artifact.key != choice.key or marker.components is not None:
+    marker = _whole_own(root, choice.key, trusted_keys)
+    if marker is None:
         return None
     if fewer_gpus and offer is not None and offer.artifact.id != marker.artifact.id:
         return None  # another build of the key (a rebuild after `warmer rm`): its part is taken, as before
-    if restore.still_intact(marker, root, trusted_keys) is not None:
-        return None
     held = f"the whole artifact of this key active in {root}"
     if offer is None:  # a miss: the root is warm all the same
         said = tuple(w.removesuffix(f": {COLD}").removesuffix(f"; {COLD}") for w in choice.warnings)
@@ -429,6 +431,14 @@ def _own_kept(choice: Choice, root: Path, recipe: str, trusted_keys: tuple) -> t
         f"the store has no entry for {recipe}/{choice.key[:16]} any more (`warmer gc`, `warmer rm`): {held} is "
         f"kept, not replaced by the {offered}artifact {offer.key[:16]}",
     )
+
+
+def _whole_own(root: Path, key: str, trusted_keys: tuple) -> restore.Marker | None:
+    """root's marker when it holds the whole artifact of key, intact (and trusted, with keys)."""
+    marker = restore.active(root)
+    if marker is None or marker.artifact.key != key or marker.components is not None:
+        return None
+    return marker if restore.still_intact(marker, root, trusted_keys) is None else None
 
 
 def _node(recipe: Recipe, gpus: Gpus | None) -> Fingerprint:

@@ -165,6 +165,36 @@ def test_sigterm_stops_a_fetch_while_it_lists_a_stalled_registry_for_the_nearest
     _stopped_within_two_seconds(proc, oci_proxy, rule, requests=1)
 
 
+def test_ls_ends_at_its_deadline_on_a_store_that_never_answers_its_entries(s3_published):
+    """The listing answers, each entry's GET never does. ls said the deadline had passed, then ran on
+    for minutes: its entries were read on a thread pool the interpreter joins at exit, each GET
+    retried 8 times with a 20 s read timeout by a store opened without the ls deadline."""
+    s3_published["proxy"].inject("stall", lambda r: r.method == "GET" and r.is_index, times=None)
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "warmer", "ls", "--store", s3_published["store"],
+                          *s3_published["cli"], "--deadline", str(int(DEADLINE))],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    took = time.monotonic() - t0
+    assert out.returncode != 0 and f"ls deadline of {DEADLINE:.0f} s" in out.stderr, out.stderr
+    assert took < DEADLINE + SLACK + 2, f"{took:.1f} s for a {DEADLINE} s deadline"  # 2: the interpreter's start
+
+
+def test_a_map_abandoned_at_its_deadline_begins_no_more_items():
+    """A fetch that gave up looking for the nearest artifact at its deadline left 8 threads parsing
+    the rest of 400 entries (a second each at 45,000 files) beside the kept root's check."""
+    from warmer.deadline import map_on_daemon_threads
+
+    bound, begun = Deadline(None), []
+
+    def judge(i):
+        begun.append(i)
+        bound.cancel()  # the deadline passes while the first item is judged
+
+    with pytest.raises(DeadlineExceeded, match="stopped while judging entries"):
+        map_on_daemon_threads(judge, list(range(400)), 1, bound, "judging entries")
+    assert begun == [0]
+
+
 def test_publish_stops_a_slow_upload_at_its_deadline(tmp_path, s3_url, proxy):
     """Every part of a multipart upload answered, slowly: no timeout ever trips. The upload ran to
     its end, far past --deadline, and publish then failed before the entry, the whole blob left for

@@ -173,7 +173,8 @@ def test_a_nodes_own_whole_artifact_is_kept_when_its_entry_is_gone_not_replaced_
     assert removed.returncode == 0, removed.stderr
     again = fetch.fetch(tiny_recipe(), store, root, gpus=pcie)
     assert again.status == "already-active" and again.hit, again.warnings
-    assert any("is kept, not replaced by the" in w for w in again.warnings), again.warnings
+    assert any("intact, is kept: vLLM starts warm" in w for w in again.warnings), again.warnings
+    assert again.nearest is None  # no other entry is read for a root that is kept anyway
     assert restore.active(root).artifact.key == own.key and restore.active(root).components is None
     assert all((root / rel).read_bytes() == data for rel, data in files.items() if rel.startswith(("inductor/", "vllm/")))
     assert again.env.vars["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
