@@ -228,6 +228,28 @@ def test_gc_deletes_the_copy_a_killed_publisher_left_in_a_file_store(tmp_path):
     assert store.list_scraps() == [] and store.list_index() == [("tiny", entry.key)]
 
 
+def test_gc_of_a_file_store_skips_what_a_publish_or_gc_removed_while_it_listed(tmp_path, monkeypatch):
+    """Every publish makes and renames a part; gc and rm delete blobs: a file the listing named and
+    then found gone failed the gc (11 runs of 15 beside a busy publisher), after its index deletes."""
+    from pathlib import Path
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    publish(store, tmp_path, "tiny", None, 1)
+    scrap = tmp_path / "store" / "index" / "tiny" / ".incoming-gone"
+    scrap.write_bytes(b"part")
+    [blob] = store.list_blobs()
+    gone = {scrap, tmp_path / "store" / f"blobs/sha256/{blob.sha256[:2]}/{blob.sha256}.tar.zst"}
+    real = Path.lstat
+
+    def lstat(self):  # the file is removed between the listing and its lstat, as a racer does
+        if self in gone:
+            self.unlink(missing_ok=True)
+        return real(self)
+
+    monkeypatch.setattr(Path, "lstat", lstat)
+    assert store.list_scraps() == [] and store.list_blobs() == []
+
+
 @pytest.mark.parametrize("days", ["nan", "-1", "1e10"])
 def test_gc_older_than_that_is_no_number_of_days_is_a_usage_error(tmp_path, days):
     """`--older-than nan` (or past what a timedelta holds) was a traceback, with no JSON on stdout."""

@@ -173,8 +173,8 @@ class FileStore(Store):
         out = []
         for f in sorted((self.base / "blobs" / "sha256").glob("*/*.tar.zst")):
             sha = parse_blob_path(f.relative_to(self.base).as_posix())
-            st = f.lstat()
-            if sha and stat.S_ISREG(st.st_mode):
+            st = _lstat(f)
+            if sha and st and stat.S_ISREG(st.st_mode):
                 out.append(Blob(sha, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC)))
         return out
 
@@ -184,8 +184,8 @@ class FileStore(Store):
         self._must_exist()
         out = []
         for f in sorted(self.base.rglob(f"{INCOMING}*")):
-            st = f.lstat()
-            if stat.S_ISREG(st.st_mode):
+            st = _lstat(f)
+            if st and stat.S_ISREG(st.st_mode):
                 out.append(
                     Scrap(f.relative_to(self.base).as_posix(), st.st_size, datetime.fromtimestamp(st.st_mtime, UTC))
                 )
@@ -218,3 +218,11 @@ class _Pread:
 
     def close(self) -> None:
         pass
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    """None for a file gone since the listing named it (a publish's part renamed, a blob gc'd)."""
+    try:
+        return path.lstat()
+    except FileNotFoundError:
+        return None
