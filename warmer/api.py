@@ -377,6 +377,9 @@ def serving_env(recipe_file: PathLike | Recipe | None, root: PathLike, *, offlin
     return serving.artifact_env(r, root, marker.artifact, offline=offline, components=marker.components)
 
 
+PROBE_DEADLINE_S = 30.0
+
+
 def serve_plan(
     recipe_file: PathLike | Recipe,
     root: PathLike,
@@ -394,13 +397,19 @@ def serve_plan(
             loaded = EnvFile.parse(Path(env_file).read_text(errors="replace"), str(env_file))
         except OSError as e:
             raise UsageError(f"cannot read the env file {env_file}: {e.strerror}") from None
+    r = recipe(recipe_file)
+    try:  # bounded as fetch's probe is (a wedged driver answers never); unknown, the fit is not judged
+        node = Deadline(PROBE_DEADLINE_S, "serve").call(lambda: _fingerprint.probe(model=r.model), "probing the node")
+    except Exception:
+        node = None
     return serving.plan(
-        recipe(recipe_file),
+        r,
         Path(os.path.abspath(root)),
         list(extra),
         env_file=loaded,
         offline=offline,
         trusted_keys=trusted_keys,
+        node=node,
     )
 
 

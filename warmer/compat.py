@@ -412,6 +412,19 @@ def fits(decided: list[Decision]) -> bool:
     return all(d.ok for d in decided)
 
 
+def held_misfits(
+    built: Fingerprint, node: Fingerprint, identity: Mapping[str, Any] | None, components: tuple[str, ...] | None
+) -> list[Decision]:
+    """The failed decisions, once each, of an artifact active in a root against node: whole
+    (components None), or the components a partial hit restored, each on its own rule."""
+    decided = (
+        decisions(built, node, identity)
+        if components is None
+        else [d for c in components for d in layer_decisions(c, built, node, identity, identity)]
+    )
+    return list({d.line(): d for d in decided if not d.ok}.values())
+
+
 # -- layers: one per cache component, each fitted on what its own loader checks ------------------
 
 

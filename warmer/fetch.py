@@ -159,7 +159,9 @@ def choose(
     except (StoreError, UntrustedInput) as e:  # an unreachable store is a slow start too, not a failed pod
         return Choice(key, "miss", warnings=(f"{e}; {COLD}",))
     if raw is None:
-        if root is not None and _whole_own(Path(root), key, trusted_keys):  # kept (_own_kept): nothing to look for
+        if root is not None and _whole_own(
+            Path(root), key, trusted_keys, node
+        ):  # kept (_own_kept): nothing to look for
             return Choice(
                 key, "miss", warnings=(f"no artifact for recipe {recipe.name} and this node (key {key[:16]}): {COLD}",)
             )
@@ -304,6 +306,7 @@ def fetch(
     signing.check_public_keys(trusted_keys)
     store = _open(store_url, deadline, store_options or {})
     check = _RecipeCheck(recipe)
+    node: Fingerprint | None = None  # unknown when the probe failed: nothing is judged against it
     try:
         # within the deadline too: NVML on a wedged driver answers never, and nvidia-smi, nvcc and
         # ninja 30 s each; the probe left behind ends with the process
@@ -319,7 +322,7 @@ def fetch(
         check()  # but an unchecked recipe may be what failed: then its RecipeError
         why = f"no artifact chosen: unexpected {type(e).__name__}: {e}; {COLD}"
         choice = Choice("", "error", warnings=(why,))
-    own = _own_kept(choice, root, recipe.name, tuple(trusted_keys))
+    own = _own_kept(choice, root, recipe.name, tuple(trusted_keys), node)
     if own is not None:  # the root holds this key's whole artifact, kept: said why
         choice = Choice(choice.key, None, nearest=choice.nearest, warnings=own[1])
     entry = choice.entry if choice.status is None else None
@@ -341,6 +344,7 @@ def fetch(
         recipe=recipe.name,
         owner=owner,
         ready=check,
+        node=node,
         archive_sha256=blob.sha256 if blob else None,
         max_bytes=max_bytes,
         trusted_keys=tuple(trusted_keys),
@@ -393,7 +397,9 @@ def fetch(
     )
 
 
-def _own_kept(choice: Choice, root: Path, recipe: str, trusted_keys: tuple) -> tuple[Artifact, tuple[str, ...]] | None:
+def _own_kept(
+    choice: Choice, root: Path, recipe: str, trusted_keys: tuple, node: Fingerprint | None
+) -> tuple[Artifact, tuple[str, ...]] | None:
     """The whole artifact of this node's own key, active and intact in root, and the lines that say
     why it is kept, where the store offers less: another key's artifact (a partial hit, or one an
     older warmer's rules keyed elsewhere) or nothing (a miss): the entry of this key is gone from the
@@ -412,7 +418,7 @@ def _own_kept(choice: Choice, root: Path, recipe: str, trusted_keys: tuple) -> t
     )
     if not choice.key or not (miss or other or fewer_gpus):
         return None
-    marker = _whole_own(root, choice.key, trusted_keys)
+    marker = _whole_own(root, choice.key, trusted_keys, node)
     if marker is None:
         return None
     if fewer_gpus and offer is not None and offer.artifact.id != marker.artifact.id:
@@ -433,10 +439,13 @@ def _own_kept(choice: Choice, root: Path, recipe: str, trusted_keys: tuple) -> t
     )
 
 
-def _whole_own(root: Path, key: str, trusted_keys: tuple) -> restore.Marker | None:
-    """root's marker when it holds the whole artifact of key, intact (and trusted, with keys)."""
+def _whole_own(root: Path, key: str, trusted_keys: tuple, node: Fingerprint | None) -> restore.Marker | None:
+    """root's marker when it holds the whole artifact of key, intact (and trusted, with keys), and
+    it fits node: a key does not hold the ranged fields (a driver rolled back below the build's)."""
     marker = restore.active(root)
     if marker is None or marker.artifact.key != key or marker.components is not None:
+        return None
+    if node is None or restore.unfit(marker, node):
         return None
     return marker if restore.still_intact(marker, root, trusted_keys) is None else None
 

@@ -244,17 +244,8 @@ def local_roots(root_base: Path) -> list[LocalRoot]:
         if marker is None:
             out.append(LocalRoot(d.name, str(d), None, 0, None, None))
             continue
-        art, identity = marker.artifact, marker.artifact.recipe.identity
-        decided = (
-            compat.decisions(art.fingerprint, node, identity)
-            if marker.components is None  # a partial hit: the fit of the layers it holds
-            else [
-                x
-                for c in marker.components
-                for x in compat.layer_decisions(c, art.fingerprint, node, identity, identity)
-            ]
-        )
-        bad = list(dict.fromkeys(x.line() for x in decided if not x.ok))
+        art = marker.artifact
+        bad = [x.line() for x in compat.held_misfits(art.fingerprint, node, art.recipe.identity, marker.components)]
         out.append(
             LocalRoot(art.recipe.name, str(d), art.key, marker.bytes_held, marker.restored_at, not bad, tuple(bad))
         )

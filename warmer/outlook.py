@@ -104,13 +104,7 @@ def outlook(
             )
         )
     if node is not None:
-        identity = art.recipe.identity
-        decided = (
-            compat.decisions(art.fingerprint, node, identity)
-            if components is None
-            else [d for c in held for d in compat.layer_decisions(c, art.fingerprint, node, identity, identity)]
-        )
-        bad = list({d.line(): d for d in decided if not d.ok}.values())
+        bad = compat.held_misfits(art.fingerprint, node, art.recipe.identity, components)
         if bad:
             out.append(
                 Finding(
@@ -118,7 +112,8 @@ def outlook(
                     "fit",
                     str(root),
                     "the active artifact does not fit this node: " + "; ".join(d.line() for d in bad),
-                    "replace it with `warmer fetch` (it restores only what fits), or build one on this GPU type",
+                    "`warmer fetch` replaces it with what fits, when the store has it (meanwhile fetch and serve "
+                    "point vLLM at a cold directory), or build one on this node's type",
                 )
             )
     details = {name: check.detail for name, check in checked.items() if check.detail is not None}

@@ -34,10 +34,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from warmer import archive, components, signing, workspace
+from warmer import archive, compat, components, signing, workspace
 from warmer.artifact import Artifact, ArtifactError, Layer
 from warmer.deadline import Deadline, DeadlineExceeded
 from warmer.errors import Terminated, UsageError, WarmerError
+from warmer.fingerprint import Fingerprint
 from warmer.store import BlobCorrupt, BlobStream, StoreError
 from warmer.store.progress import Progress
 from warmer.untrusted import Fields, InvalidDocument, load_json
@@ -205,6 +206,21 @@ def distrusted(marker: Marker, trusted_keys) -> str | None:
         except signing.SignatureError as e:
             return f"its marker's artifact.json is not signed by a trusted key ({e})"
     return None
+
+
+def unfit(marker: Marker, node: Fingerprint | None) -> str | None:
+    """Why the artifact a marker names (what of it the root holds) does not fit node; None when it
+    fits or node is unknown. The GPU count aside: a fetch counts the GPUs of its own container,
+    fewer than vLLM's where an init container is given fewer (that root is kept: fetch._own_kept)."""
+    if node is None:
+        return None
+    art = marker.artifact
+    bad = [
+        d.line()
+        for d in compat.held_misfits(art.fingerprint, node, art.recipe.identity, marker.components)
+        if d.field != "gpu.count"
+    ]
+    return f"it does not fit this node ({'; '.join(bad)})" if bad else None
 
 
 def _lacking(marker: Marker, root: Path, shared: bool) -> str | None:
@@ -836,13 +852,15 @@ def activate(
     recipe: str,
     owner: tuple[int, int] | None = None,
     ready: Callable[[], None] | None = None,
+    node: Fingerprint | None = None,
     **options,
 ) -> Activation:
     """Restore art (when offered) into root, then ready root for vLLM either way: a miss or a
     refused artifact still leaves a root vLLM compiles into. options: restore()'s. The operator's
     own errors (UsageError, a recipe that fails its check: ready, called before the root is
     prepared) and interrupts are raised; anything else that stops the restore is said, and root is
-    as it was. recipe: its name, for the cold directory."""
+    as it was. recipe: its name, for the cold directory. node: this node, when known: an artifact
+    the root holds that does not fit it is not served (unfit)."""
     status, restored, warnings = None, None, []
     if art is not None:
         try:
@@ -872,11 +890,13 @@ def activate(
         )
         return Activation(status, cold, restored, tuple(warnings))
     held = active(root) if status not in (*ACTIVE, PARTIAL) else None
-    distrust = distrusted(held, options.get("trusted_keys")) if held else None
-    if held and distrust:  # restored before the keys were set or rotated: what it holds is not to be loaded
+    # restored before the keys were set or rotated, or before the node changed (a driver rolled
+    # back, an image baked on another CPU): what it holds is not to be loaded
+    refused = (distrusted(held, options.get("trusted_keys")) or unfit(held, node)) if held else None
+    if held and refused:
         warnings.append(
-            f"{root} holds artifact {held.artifact.id[:12]}, but {distrust}: it is left as it is (a "
-            f"trusted artifact replaces it), and the env points vLLM at {cold} (a cold start)"
+            f"{root} holds artifact {held.artifact.id[:12]}, but {refused}: it is left as it is (an "
+            f"artifact restored later replaces it), and the env points vLLM at {cold} (a cold start)"
         )
         return Activation(status, cold, restored, tuple(warnings))
     try:

@@ -19,6 +19,7 @@ from pathlib import Path
 from warmer import components as _components  # vllm_env's parameter is named components
 from warmer import restore, signing
 from warmer.envfile import EnvFile
+from warmer.fingerprint import Fingerprint
 from warmer.outlook import Outlook, outlook
 from warmer.recipe import ENGINE_ARGS, SERVE_OPTIONS, Recipe, serve_flag
 from warmer.vllmkey import FactorDifference
@@ -252,14 +253,16 @@ def plan(
     offline: bool = False,
     base: Mapping[str, str] | None = None,
     trusted_keys: Sequence[str] = (),
+    node: Fingerprint | None = None,
 ) -> ServePlan:
     """Serve exactly what was warmed: the recipe's command, the env for the artifact active in root
     (plus an env file's values on top), and the outlook of the active artifact in that final env
     (vLLM's own key among it). trusted_keys: the active artifact must be signed by one of them,
-    else vLLM starts cold (a root restored before the keys were set, served without fetch's env)."""
+    else vLLM starts cold (a root restored before the keys were set, served without fetch's env).
+    node: this node, when known: an active artifact that does not fit it starts vLLM cold too."""
     marker = restore.active(root)
     signing.check_public_keys(trusted_keys)
-    distrust = restore.distrusted(marker, trusted_keys) if marker is not None else None
+    distrust = (restore.distrusted(marker, trusted_keys) or restore.unfit(marker, node)) if marker else None
     warnings = []
     if root.is_symlink():  # fetch and restore refuse such a root; a pod that got one still starts
         warnings.append(
@@ -281,7 +284,7 @@ def plan(
         if marker is not None and distrust:
             warnings.append(
                 f"{root} holds artifact {marker.artifact.id[:12]}, but {distrust}: its code is not loaded, "
-                f"vLLM compiles from cold in {cold} (slow start) until a fetch restores a trusted one"
+                f"vLLM compiles from cold in {cold} (slow start) until a fetch replaces it"
             )
         elif not root.exists():  # a mistyped --root, or no fetch: nothing to chown
             warnings.append(

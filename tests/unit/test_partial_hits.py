@@ -180,6 +180,41 @@ def test_a_nodes_own_whole_artifact_is_kept_when_its_entry_is_gone_not_replaced_
     assert again.env.vars["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
 
 
+def test_an_active_artifact_the_node_no_longer_fits_is_not_served_whatever_the_store_offers(tmp_path):
+    """A node's driver rolled back below the build's: the key holds no driver, so the root still
+    holds this key's artifact. fetch said misfit while the store answered, but a store outage or the
+    advised `warmer rm` made it a kept hit (--require passed), and on every outcome the env (and
+    serve) pointed vLLM into the artifact fetch had just refused."""
+    from dataclasses import replace
+
+    from warmer import serving
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    root, sxm = tmp_path / "root", _gpus("h100-sxm")
+    make_cache_tree(root)
+    built = fingerprint.probe(root=root, model="/models/tiny").with_gpus(sxm)
+    build.pack_root(root, tiny_recipe(), tmp_path / "a.tar.zst", fp=built)
+    own = build.publish(store, tmp_path / "a.tar.zst")
+    shutil.rmtree(root)
+    assert fetch.fetch(tiny_recipe(), store, root, gpus=sxm).status == "hit"
+
+    older = replace(sxm, driver="470.57.02")  # below what any CUDA 12 build needs
+    missing = open_store(f"file://{tmp_path / 'no-such-store'}")
+    misfit = fetch.fetch(tiny_recipe(), store, root, gpus=older)
+    assert run_warmer("rm", f"{store.url}/index/tiny/{own.key}", "--yes").returncode == 0
+    for got in (misfit, fetch.fetch(tiny_recipe(), store, root, gpus=older), fetch.fetch(tiny_recipe(), missing,
+                                                                                          root, gpus=older)):
+        assert got.status != "already-active" and not got.hit, (got.status, got.warnings)
+        assert not got.env.vars["TORCHINDUCTOR_CACHE_DIR"].startswith(str(root)), got.env.vars
+        assert any("does not fit this node" in w and "gpu.driver" in w for w in got.warnings), got.warnings
+    assert restore.active(root).artifact.key == own.key  # left as it is
+    node = fingerprint.probe(model="/models/tiny").with_gpus(older)
+    served = serving.plan(tiny_recipe(), root, node=node)
+    assert served.active is None and served.predicted_miss
+    assert not served.env.vars["TORCHINDUCTOR_CACHE_DIR"].startswith(str(root))
+    assert serving.plan(tiny_recipe(), root, node=node.with_gpus(sxm)).active == own.key
+
+
 def test_a_nodes_own_whole_artifact_is_kept_and_said_when_the_store_offers_nothing(tmp_path):
     """The same, where the store then offers nothing at all (its only entry removed), or cannot be
     read: the env points vLLM at the warm root either way, so the fetch must not say "miss ... vLLM
