@@ -184,6 +184,10 @@ def choose(
         part = _part_of(entry, recipe, node, key, decided, misfit)
         if part is not None and root is not None:
             part = _at_root(part, root)
+        if part is None:  # nothing of it fits: another build's layers may (one bad build must not hide them)
+            other = _nothing_for(store, recipe, node, key, deadline, trusted_keys, root)
+            if other.status is None:
+                return replace(other, warnings=(*misfit, *other.warnings))
         return part or Choice(key, "misfit", entry, decided, warnings=misfit)
     return Choice(key, None, entry, decided)
 

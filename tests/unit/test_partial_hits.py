@@ -74,6 +74,28 @@ def test_an_h100_pcie_node_gets_flashinfer_and_triton_from_an_h100_sxm_build_not
     assert again.status == "partial" and again.restore.status == "already-active"
 
 
+def test_a_build_of_this_key_that_misfits_does_not_hide_another_builds_fitting_layers(sxm_store, tmp_path):
+    """A CI runner upgraded before the fleet publishes this node's key on a newer driver: nothing of
+    it fits. The node then got none of the SXM build's FlashInfer and Triton layers either, which
+    it got before that build existed (and explain still showed fitting)."""
+    from dataclasses import replace
+
+    store, files = sxm_store
+    pcie = _gpus("h100-pcie")
+    newer = replace(pcie, driver="999.99.99")
+    root = tmp_path / "pcie-builder"
+    make_cache_tree(root)
+    built = fingerprint.probe(root=root, model="/models/tiny").with_gpus(newer)
+    build.pack_root(root, tiny_recipe(), tmp_path / "newer.tar.zst", fp=built)
+    build.publish(store, tmp_path / "newer.tar.zst")
+
+    got = fetch.fetch(tiny_recipe(), store, tmp_path / "root", gpus=pcie)
+    assert got.status == "partial" and {"flashinfer", "triton"} <= set(got.components), (got.status, got.warnings)
+    assert any("gpu.driver" in w for w in got.warnings), got.warnings  # the misfit is still said
+    for rel, data in SHARED.items():
+        assert (tmp_path / "root" / rel).read_bytes() == data
+
+
 def test_the_outlook_of_a_partial_root_judges_only_what_it_restored(sxm_store, tmp_path):
     store, _ = sxm_store
     node = tmp_path / "root"
