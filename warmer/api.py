@@ -552,15 +552,18 @@ def doctor(
     env_file: PathLike | None = None,
     pid: int | None = None,
     mountinfo: PathLike | None = None,
+    trusted_keys: Sequence[str] = (),
 ) -> _doctor.Diagnosis:
     from warmer import doctor as _doctor
 
+    signing.check_public_keys(trusted_keys)
     return _doctor.diagnose_here(
         root=str(root) if root else None,
         recipe=load(recipe_file) if recipe_file else None,
         env_file=str(env_file) if env_file else None,
         pid=pid,
         mountinfo_file=str(mountinfo) if mountinfo else None,
+        trusted_keys=trusted_keys,
     )
 
 

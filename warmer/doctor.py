@@ -23,7 +23,7 @@ import importlib.util
 import os
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -365,6 +365,7 @@ def _artifact(
     recipe: Recipe | None,
     node: Callable[[], Fingerprint] | None,
     exists: Callable[[str], bool] | None,
+    trusted_keys: Sequence[str] = (),
 ) -> list[Finding]:
     if root.is_symlink():
         return [
@@ -389,6 +390,17 @@ def _artifact(
             )
         ]
     art = marker.artifact
+    if distrust := restore.distrusted(marker, trusted_keys):  # what serve and fetch with the keys do
+        return [
+            Finding(
+                ERROR,
+                "artifact",
+                str(root),
+                f"artifact {art.key[:16]} of recipe {art.recipe.name} is active, but {distrust}: `warmer serve` "
+                f"and `warmer fetch` with these keys do not load it, vLLM compiles from cold",
+                "`warmer fetch` with the keys restores a trusted artifact over it (publish one signed by them)",
+            )
+        ]
     out = [
         Finding(
             INFO,
@@ -452,11 +464,12 @@ def diagnose(
     hostnames: AbstractSet[str] = frozenset(),
     flashinfer_installed: bool = True,
     owner: tuple[int, int] | None = None,
+    trusted_keys: Sequence[str] = (),
 ) -> Diagnosis:
     """Every check on the given inputs. resolve maps a path to the one mountinfo shows (realpath
     on this machine, normpath for a sample); can_write and exists probe this machine (None: only
     mountinfo's read-only flags count); node returns this node's fingerprint; owner: the (uid,
-    gid) vLLM runs as, when it is not this process (doctor --pid)."""
+    gid) vLLM runs as, when it is not this process (doctor --pid); trusted_keys: as serve's."""
     mounts = parse_mountinfo(mountinfo)
     root = Path(os.path.abspath(root)) if root else _find_root(env, resolve)
     marker = restore.active(root) if root else None
@@ -464,7 +477,7 @@ def diagnose(
     findings += _flashinfer(env, mounts, resolve, can_write, flashinfer_installed)
     findings += _per_pod_env(env, set(hostnames) | {env.get("HOSTNAME", "")})
     if root:
-        findings += _artifact(env, root, marker, recipe, node, exists)
+        findings += _artifact(env, root, marker, recipe, node, exists, trusted_keys)
         if can_write is not None and root.is_dir():  # this machine's files, not a saved sample's
             findings += _ownership(root, owner, marker is not None)
     order = {ERROR: 0, WARNING: 1, INFO: 2}
@@ -496,6 +509,7 @@ def diagnose_here(
     env_file: str | None = None,
     pid: int | None = None,
     mountinfo_file: str | None = None,
+    trusted_keys: Sequence[str] = (),
 ) -> Diagnosis:
     """diagnose() on this machine: the env of this process (or of pid), plus env_file on top (what
     vLLM starts with), and /proc/self/mountinfo unless a saved one is given."""
@@ -531,6 +545,7 @@ def diagnose_here(
         hostnames={socket.gethostname()} if not sample else set(),
         flashinfer_installed=sample or importlib.util.find_spec("flashinfer") is not None,
         owner=owner,
+        trusted_keys=trusted_keys,
     )
 
 

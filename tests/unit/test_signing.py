@@ -83,6 +83,11 @@ def test_a_root_the_trusted_keys_do_not_cover_is_not_served(setup):
         assert f"TORCHINDUCTOR_CACHE_DIR={node}/" not in served.stdout and "its code is not loaded" in served.stderr
     trusted = run_warmer("serve", recipe_file, "--root", node, "--dry-run", "--trusted-key", public)
     assert f"TORCHINDUCTOR_CACHE_DIR={node}/inductor" in trusted.stdout, trusted.stdout
+    # doctor, which the image's entrypoint runs before serve, tells the same story (it said all was well)
+    checked = run_warmer("doctor", "--root", node, env={**os.environ, "WARMER_TRUSTED_KEY": str(stranger)})
+    assert checked.returncode == 5 and "ERROR   artifact:" in checked.stdout, checked.stdout + checked.stderr
+    assert "not signed by a trusted key" in checked.stdout and "vLLM compiles from cold" in checked.stdout
+    assert "not signed by" not in run_warmer("doctor", "--root", node, "--trusted-key", public).stdout
     empty = fetch.fetch(tiny_recipe(), f"file://{setup['tmp'] / 'empty-store'}", node, trusted_keys=[stranger])
     assert empty.status == "miss" and _served_root(empty) != str(node)
     # Still trusted: the root holds this node's own key whole, kept and served (already-active).

@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from warmer import api
-from warmer.cli import Output
+from warmer.cli import Output, add_trust
 from warmer.cli.render import shown
 from warmer.errors import EXIT_FINDINGS, EXIT_OK
 
@@ -29,11 +29,17 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--env-file", help="the env file vLLM starts with (warmer fetch --env-file), applied on top")
     c.add_argument("--pid", type=int, help="check the env of this process instead (e.g. 1: vLLM in its container)")
     c.add_argument("--mountinfo", help="a saved mountinfo file instead of /proc/self/mountinfo")
+    add_trust(c, "an active artifact none of them signed is an error (serve starts vLLM cold)")
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
     result = api.doctor(
-        root=args.root, recipe_file=args.recipe, env_file=args.env_file, pid=args.pid, mountinfo=args.mountinfo
+        root=args.root,
+        recipe_file=args.recipe,
+        env_file=args.env_file,
+        pid=args.pid,
+        mountinfo=args.mountinfo,
+        trusted_keys=args.trusted_key or (),
     )
     out.emit(result, report(result))
     return EXIT_OK if result.ok else EXIT_FINDINGS
