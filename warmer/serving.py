@@ -222,11 +222,13 @@ class ServePlan:
     hashed_extra: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     outlook: Outlook = field(default_factory=Outlook, hash=False, repr=False)  # the active artifact's
+    partial: tuple[str, ...] | None = None  # a partial hit's components: the rest compiles from cold
 
     @property
     def predicted_miss(self) -> bool:
         errors = any(f.severity == "error" for f in self.outlook.findings)
-        return self.active is None or self.outlook.recompiles or errors or bool(self.hashed_extra)
+        cold = self.active is None or self.partial is not None
+        return cold or self.outlook.recompiles or errors or bool(self.hashed_extra)
 
     def to_json(self) -> dict:
         return {
@@ -237,6 +239,7 @@ class ServePlan:
             "hashed_extra": list(self.hashed_extra),
             "predicted_miss": self.predicted_miss,
             "warnings": list(self.warnings),
+            "partial": list(self.partial) if self.partial is not None else None,
         }
 
     def shell(self) -> str:
@@ -315,6 +318,11 @@ def plan(
     environ = {**(os.environ if base is None else base), **env.vars}
     look = outlook(recipe, root, marker.artifact, environ, components=marker.components) if marker else Outlook()
     warnings += look.warnings
+    if marker and marker.components is not None:  # as fetch said it: --require-hit refuses it as fetch --require does
+        rest = [c for c in marker.artifact.components if c not in marker.components]
+        warnings.append(
+            f"{root} holds a partial hit: {', '.join(marker.components)} restored; {', '.join(rest)} compile from cold"
+        )
     if marker is None and problem is None:  # an unwritable root is said above
         warnings.append(
             f"no warmed cache is active in {root}: vLLM compiles from cold (slow start); see why in "
@@ -335,4 +343,5 @@ def plan(
         tuple(hashed),
         tuple(warnings),
         look,
+        marker.components if marker else None,
     )

@@ -108,6 +108,11 @@ def test_the_outlook_of_a_partial_root_judges_only_what_it_restored(sxm_store, t
     part = outlook(tiny_recipe(), node, marker.artifact, env, node=pcie, components=marker.components)
     assert any(f.check == "fit" and "gpu.name" in f.what for f in whole.findings)  # could fail: the control
     assert not any(f.check == "fit" for f in part.findings), part.findings
+    # serve says what compiles from cold, and --require-hit refuses it as fetch --require does
+    # (its plan predicted a hit: exit 0, silent)
+    plan = serving.plan(tiny_recipe(), node, node=pcie)
+    assert plan.active == marker.artifact.key and plan.predicted_miss and plan.partial == marker.components
+    assert any("partial hit: flashinfer" in w and "inductor" in w.split(";")[1] for w in plan.warnings), plan.warnings
 
 
 @pytest.mark.parametrize("sku, fits", [("h200", True), ("a100", False)])

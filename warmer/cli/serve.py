@@ -33,8 +33,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--require-hit",
         action="store_true",
-        help=f"exit {EXIT_MISS} instead of starting when vLLM would compile from cold (no artifact, or "
-        "an env var or flag it hashes differs from the build)",
+        help=f"exit {EXIT_MISS} instead of starting when vLLM would compile from cold (no artifact, a "
+        "partial hit, or an env var or flag it hashes differs from the build)",
     )
     c.epilog = (
         "more `vllm serve` flags go after --, e.g. `warmer serve R --root D -- --port 8000`; engine args "
