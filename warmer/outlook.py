@@ -25,7 +25,7 @@ from warmer import components as _components  # outlook's parameter is named com
 from warmer.artifact import Artifact
 from warmer.finding import ERROR, INFO, WARNING, Finding
 from warmer.fingerprint import Fingerprint
-from warmer.recipe import Recipe
+from warmer.recipe import UNHASHED_ENGINE_ARGS, Recipe
 from warmer.vllmkey import FactorDifference
 
 __all__ = ["ERROR", "INFO", "WARNING", "Finding", "Outlook", "outlook"]
@@ -140,10 +140,21 @@ def _recipe(recipe: Recipe, root: Path, art: Artifact, held: tuple[str, ...] | N
         return out
     # The name alone is none of what vLLM hashes: said above, as a warning.
     differ = [d for d in compat.recipe_decisions(art.recipe.identity, recipe.identity()) if d.field != "recipe.name"]
-    if differ:
-        fields = "; ".join(
-            f"{d.field.removeprefix('recipe.')} {_shown(d.built)} at build, {_shown(d.node)} here" for d in differ
+    fields = "; ".join(
+        f"{d.field.removeprefix('recipe.')} {_shown(d.built)} at build, {_shown(d.node)} here" for d in differ
+    )
+    if differ and all(_unhashed(d.field, art) for d in differ):
+        out.append(
+            Finding(
+                INFO,
+                "recipe",
+                str(root),
+                f"the artifact active in {root} was warmed with another version of recipe {art.recipe.name} "
+                f"({fields}): vLLM leaves these out of its compile key, so its caches serve this one",
+                "none",
+            )
         )
+    elif differ:
         out.append(
             Finding(
                 ERROR,
@@ -157,6 +168,16 @@ def _recipe(recipe: Recipe, root: Path, art: Artifact, held: tuple[str, ...] | N
             )
         )
     return out
+
+
+def _unhashed(field: str, art: Artifact) -> bool:
+    """Whether vLLM leaves a recipe field out of its compile key: an engine arg its configs' hashes
+    ignore, or a VLLM_ variable its env hash ignores (not among the factors the build recorded)."""
+    section, _, name = field.removeprefix("recipe.").partition(".")
+    if section == "engine":
+        return name in UNHASHED_ENGINE_ARGS
+    factors = art.vllm.env if art.vllm else {}
+    return section == "env" and bool(factors) and name.startswith("VLLM_") and name not in factors
 
 
 def _shown(value: object) -> str:

@@ -21,7 +21,7 @@ from warmer import restore, signing
 from warmer.envfile import EnvFile
 from warmer.fingerprint import Fingerprint
 from warmer.outlook import Outlook, outlook
-from warmer.recipe import ENGINE_ARGS, SERVE_OPTIONS, Recipe, serve_flag
+from warmer.recipe import ENGINE_ARGS, SERVE_OPTIONS, UNHASHED_ENGINE_ARGS, Recipe, serve_flag
 from warmer.vllmkey import FactorDifference
 
 
@@ -109,76 +109,6 @@ def command(recipe: Recipe, extra: Sequence[str] = ()) -> list[str]:
     if has_vllm_cli():
         return ["vllm", "serve", recipe.model, *args]
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", recipe.model, *args]
-
-
-# Engine args that are not in vLLM's compile key (VllmConfig.compute_hash ignores them, or they
-# only name things): passing them to `warmer serve` changes nothing that was warmed.
-UNHASHED_ENGINE_ARGS = {
-    "served_model_name",
-    "tokenizer",
-    "seed",
-    "disable_log_stats",
-    "enable_log_requests",
-    "tokenizer_mode",
-    "hf_token",
-    "download_dir",
-    "load_format",
-    # ObservabilityConfig's fields: its compute_hash has no factors (vllm/config/observability.py),
-    # e.g. the JIT monitor that scripts/gpu-accept.sh turns on (--jit-monitor-mode, --jit-monitor-verbose).
-    "show_hidden_metrics_for_version",
-    "otlp_traces_endpoint",
-    "collect_detailed_traces",
-    "per_request_spec_decode_metrics",
-    "kv_cache_metrics",
-    "kv_cache_metrics_sample",
-    "custom_histogram_buckets",
-    "cudagraph_metrics",
-    "enable_layerwise_nvtx_tracing",
-    "enable_mfu_metrics",
-    "enable_mm_processor_stats",
-    "enable_logging_iteration_details",
-    "jit_monitor_mode",
-    "jit_monitor_verbose",
-    # Memory and transport knobs on the ignore lists of CacheConfig's, ParallelConfig's and
-    # ModelConfig's compute_hash, and LoadConfig's (which hashes nothing): `--gpu-memory-utilization
-    # 0.9` in a serve command is no cold start. tests/unit/test_serve_plan.py builds vLLM's config
-    # with each of these set and checks that its hash does not move.
-    "gpu_memory_utilization",
-    "kv_cache_memory_bytes",
-    "num_gpu_blocks_override",
-    "enable_prefix_caching",
-    "prefix_caching_hash_algo",
-    "tokenizer_revision",
-    "distributed_executor_backend",
-    "disable_custom_all_reduce",
-    "max_parallel_loading_workers",
-    "ignore_patterns",
-    "model_loader_extra_config",
-    "pt_load_map_location",
-    "safetensors_load_strategy",
-    "use_tqdm_on_load",
-    # LoggingConfig is in no compute_hash (vllm/config/vllm.py); SchedulerConfig's hashes only
-    # max_num_batched_tokens and max_num_seqs; the rest are on ModelConfig's ignore list, or fields of
-    # MultiModalConfig that its compute_hash leaves out, or set only those: `--log-level DEBUG` or
-    # `--shutdown-timeout 30` in a pod's command is no cold start.
-    "log_level",
-    "log_config_file",
-    "logging_config",
-    "shutdown_timeout",
-    "scheduling_policy",
-    "stream_interval",
-    "max_num_queued_reqs",
-    "logprobs_mode",
-    "skip_tokenizer_init",
-    "tokens_only",
-    "use_fp64_gumbel",
-    "aggregate_engine_logging",
-    "allowed_local_media_path",
-    "allowed_media_domains",
-    "mm_processor_cache_gb",
-    "mm_processor_cache_type",
-    "mm_shm_cache_max_object_size_mb",
-}
 
 
 def _sets(flag: str) -> set[str]:

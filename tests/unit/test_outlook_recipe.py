@@ -48,6 +48,37 @@ def test_an_edited_recipe_is_an_error_naming_the_field(root, edited, field):
     assert not serving.plan(tiny_recipe(max_num_seqs=4), root).predicted_miss
 
 
+def test_an_edit_vllm_leaves_out_of_its_compile_key_is_no_predicted_miss(tmp_path):
+    """gpu_memory_utilization tuned in the recipe, or VLLM_CPU_KVCACHE_SPACE (on vLLM's env-hash
+    ignore list): vLLM's own hash does not move, so its caches serve the edited recipe. It was an
+    error, and `serve --require-hit` refused to start."""
+    from warmer import build
+    from warmer.recipe import parse
+    from warmer.vllmkey import VllmKey
+    from tests.conftest import _tiny_doc, make_cache_tree
+
+    def recipe(env=None, **engine):
+        doc = _tiny_doc("/models/tiny", {"max_num_seqs": 4, **engine})
+        doc["env"].update(env or {})
+        return parse(doc, tmp_path / "tiny.toml")
+
+    make_cache_tree(tmp_path / "src")
+    factors = {"VLLM_USE_AOT_COMPILE": "0", "VLLM_USE_FLASHINFER_SAMPLER": None}  # as the warm-up records them
+    build.pack_root(tmp_path / "src", recipe(), tmp_path / "a.tar.zst", vllm=VllmKey("0.32.0", factors))
+    root = tmp_path / "root"
+    restore.restore_file(tmp_path / "a.tar.zst", root)
+    restore.prepare(root)
+    for unhashed in (recipe(gpu_memory_utilization=0.85), recipe({"VLLM_CPU_KVCACHE_SPACE": "2"})):
+        (found,) = _recipe_findings(unhashed, root)
+        assert found.severity == "info" and "leaves these out of its compile key" in found.what, found.what
+        assert not serving.plan(unhashed, root).predicted_miss
+    for hashed in (recipe(gpu_memory_utilization=0.85, max_num_batched_tokens=256),
+                   recipe({"VLLM_USE_FLASHINFER_SAMPLER": "0"})):
+        (found,) = _recipe_findings(hashed, root)
+        assert found.severity == "error" and "compiles from cold" in found.what, found.what
+        assert serving.plan(hashed, root).predicted_miss
+
+
 def test_a_renamed_recipe_is_still_only_a_warning(root):
     # vLLM hashes no recipe name: the same model, args and workload under another name still hit.
     renamed = replace(tiny_recipe(max_num_seqs=4), name="tiny-copy")
