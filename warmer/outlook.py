@@ -26,7 +26,7 @@ from warmer.artifact import Artifact
 from warmer.finding import ERROR, INFO, WARNING, Finding
 from warmer.fingerprint import Fingerprint
 from warmer.recipe import UNHASHED_ENGINE_ARGS, Recipe
-from warmer.vllmkey import FactorDifference
+from warmer.vllmkey import FactorDifference, model_config_digest
 
 __all__ = ["ERROR", "INFO", "WARNING", "Finding", "Outlook", "outlook"]
 
@@ -79,6 +79,8 @@ def outlook(
     differences = tuple(art.vllm.differences(env)) if art.vllm and vllm_held else ()
     out += [_difference(d) for d in differences if d.name not in said]
     served = recipe or Recipe.from_artifact(art)
+    if vllm_held:
+        out += _model_as_built(art, served.model)
     fixed = [n for n, c in art.components.items() if not c.relocatable and n in held]
     for w in art.path_contract.warnings(root, served.model, fixed):
         out.append(
@@ -201,6 +203,27 @@ def _served_as_built(art: Artifact, env: Mapping[str, str]) -> list[Finding]:
                 )
             )
     return out
+
+
+def _model_as_built(art: Artifact, model: str) -> list[Finding]:
+    """The model at the served path must be the one warmed: vLLM hashes its config. Said where the
+    model can be read (the vLLM container; an init container may not mount it)."""
+    built = art.vllm.model_config if art.vllm else None
+    here = model_config_digest(model) if built else None
+    if here is None or here == built:
+        return []
+    return [
+        Finding(
+            ERROR,
+            "model",
+            model,
+            f"the model at {model} is not the one this artifact was warmed with: its config.json differs "
+            f"(sha256 {here[:12]} here, {built[:12]} at build); vLLM hashes the model's config into its "
+            "compile key, so it compiles from cold",
+            "build an artifact of this model (a new model at the same path keeps warmer's key: `warmer rm` "
+            "the old entry first), or serve the model that was warmed",
+        )
+    ]
 
 
 def _serve_env_kept(art: Artifact, env: Mapping[str, str]) -> list[Finding]:

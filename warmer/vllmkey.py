@@ -19,6 +19,9 @@ nothing, and the comparison says so. Node path: never imports vLLM.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -55,6 +58,7 @@ class VllmKey:
     env: dict[str, str | None] = field(hash=False)  # factor name -> raw value at start (None: unset)
     config_hash: str | None = None
     cache_dirs: tuple[str, ...] = ()  # root-relative compile-cache folders vLLM's key named
+    model_config: str | None = None  # model_config_digest of the model warmed (a local one)
 
     @classmethod
     def from_json(cls, f: Fields) -> VllmKey:
@@ -63,6 +67,7 @@ class VllmKey:
             env=f.str_map("env", values_may_be_null=True),
             config_hash=f.opt_text("config_hash", max_len=128),
             cache_dirs=f.str_list("cache_dirs"),
+            model_config=f.opt_text("model_config", max_len=64),
         )
 
     def to_json(self) -> dict:
@@ -71,6 +76,7 @@ class VllmKey:
             "env": dict(self.env),
             "config_hash": self.config_hash,
             "cache_dirs": list(self.cache_dirs),
+            "model_config": self.model_config,
         }
 
     @property
@@ -85,6 +91,22 @@ class VllmKey:
             for name, built in sorted(self.env.items())
             if env.get(name) != built
         ]
+
+
+MODEL_CONFIG_LIMIT = 4 << 20
+
+
+def model_config_digest(model: str) -> str | None:
+    """sha256 of the model's config.json as JSON (key order and spacing aside), when model is a
+    local folder holding one; None otherwise. vLLM hashes the model's whole config into its config
+    hash: another model at the same path (a synced `main`, a moved link) keeps warmer's key and
+    misses vLLM's, every field of it (eos_token_id, initializer_range) counted."""
+    try:
+        with open(os.path.join(model, "config.json"), "rb") as f:
+            doc = json.loads(f.read(MODEL_CONFIG_LIMIT + 1))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def cache_dirs(paths: list[str]) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import REPO, run_python
 from warmer import recipe as recipes
 from warmer import components, restore, serving, verify, warmup
+from warmer.vllmkey import model_config_digest
 
 pytestmark = pytest.mark.e2e
 TINY = REPO / "manifests" / "models" / "tiny-llama-cpu.toml"
@@ -178,6 +179,7 @@ def test_build_fetch_verify_with_zero_recompiled_files(tmp_path, tiny_model, s3_
     assert len(doc["vllm"]["env"]) > 200 and "CUDA_HOME" in doc["vllm"]["env"]
     assert doc["vllm"]["env"]["VLLM_USE_AOT_COMPILE"] == "0" and doc["vllm"]["env"]["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] is None
     assert doc["vllm"]["cache_dirs"] == []  # AOT off on CPU: no cache is keyed on vLLM's hash
+    assert doc["vllm"]["model_config"] == model_config_digest(str(tiny_model))  # the model warmed, by its config
 
     node_root, env_file = tmp_path / "node-root", tmp_path / "vllm.env"
     fetched = json.loads(warmer("fetch", TINY, "--store", store, "--root", node_root, "--env-file", env_file,

@@ -79,6 +79,44 @@ def test_an_edit_vllm_leaves_out_of_its_compile_key_is_no_predicted_miss(tmp_pat
         assert serving.plan(hashed, root).predicted_miss
 
 
+def test_another_model_at_the_warmed_path_is_a_predicted_miss(tmp_path):
+    """A model synced again to its path (`revision = "main"`, a moved link): warmer's key keeps the
+    path, vLLM hashes the config (eos_token_id alone moves its hash). fetch said hit, serve
+    --require-hit started and doctor saw nothing, while vLLM compiled from cold."""
+    import json as _json
+
+    from warmer import build
+    from warmer.vllmkey import VllmKey, model_config_digest
+    from tests.conftest import make_cache_tree
+
+    model = tmp_path / "model"
+    model.mkdir()
+    config = {"architectures": ["LlamaForCausalLM"], "eos_token_id": 2, "hidden_size": 64}
+    (model / "config.json").write_text(_json.dumps(config))
+    recipe = tiny_recipe(str(model), max_num_seqs=4)
+    make_cache_tree(tmp_path / "src")
+    key = VllmKey("0.32.0", {}, "2922b69698", (), model_config_digest(str(model)))
+    build.pack_root(tmp_path / "src", recipe, tmp_path / "a.tar.zst", vllm=key)
+    root = tmp_path / "root"
+    restore.restore_file(tmp_path / "a.tar.zst", root)
+    restore.prepare(root)
+
+    def model_findings():
+        art = restore.active(root).artifact
+        env = dict(serving.artifact_env(recipe, root, art).vars)
+        return [f for f in outlook(recipe, root, art, env).findings if f.check == "model"]
+
+    assert model_findings() == [] and not serving.plan(recipe, root).predicted_miss
+    (model / "config.json").write_text(_json.dumps(config, indent=4, sort_keys=True))  # the same config
+    assert model_findings() == []
+    (model / "config.json").write_text(_json.dumps({**config, "eos_token_id": 3}))
+    (found,) = model_findings()
+    assert found.severity == "error" and "config.json differs" in found.what and "compiles from cold" in found.what
+    assert serving.plan(recipe, root).predicted_miss
+    (model / "config.json").unlink()  # not mounted here (an init container): nothing to say
+    assert model_findings() == []
+
+
 def test_a_renamed_recipe_is_still_only_a_warning(root):
     # vLLM hashes no recipe name: the same model, args and workload under another name still hit.
     renamed = replace(tiny_recipe(max_num_seqs=4), name="tiny-copy")
