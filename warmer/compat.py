@@ -412,6 +412,32 @@ def fits(decided: list[Decision]) -> bool:
     return all(d.ok for d in decided)
 
 
+# Where a cache loaded anyway does harm (wrong numbers, a crash) instead of missing, since its
+# loader checks no such thing: Inductor's CPU kernels and the ISA, vLLM's AOT key and the GPU
+# arch, compiled code and an older driver or glibc. A root whose artifact fails one of these is
+# not served; any other misfit (a library each cache keys on itself, a driver the CUDA cache drops
+# itself on) only misses, and the root still serves what fits.
+UNSAFE_TO_LOAD = frozenset(
+    {
+        "machine",
+        "os",
+        "cpu.isa",
+        "cpu.aten_capability",
+        "gpu.compute_capability",
+        "gpu.arch",
+        "gpu.mixed",
+        "gpu.driver",
+        "gpu.cuda_driver",
+        "glibc",
+    }
+)
+
+
+def unsafe_to_load(built: Fingerprint, node: Fingerprint, identity: Mapping[str, Any] | None) -> list[Decision]:
+    """The failed decisions of an artifact against node on which loading it does harm."""
+    return [d for d in decisions(built, node, identity) if not d.ok and d.field in UNSAFE_TO_LOAD]
+
+
 def held_misfits(
     built: Fingerprint, node: Fingerprint, identity: Mapping[str, Any] | None, components: tuple[str, ...] | None
 ) -> list[Decision]:

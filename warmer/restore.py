@@ -209,18 +209,14 @@ def distrusted(marker: Marker, trusted_keys) -> str | None:
 
 
 def unfit(marker: Marker, node: Fingerprint | None) -> str | None:
-    """Why the artifact a marker names (what of it the root holds) does not fit node; None when it
-    fits or node is unknown. The GPU count aside: a fetch counts the GPUs of its own container,
-    fewer than vLLM's where an init container is given fewer (that root is kept: fetch._own_kept)."""
+    """Why the artifact a marker names must not be loaded on node (compat.UNSAFE_TO_LOAD: a driver
+    older than the build's, another ISA on a CPU backend, another GPU arch); None when it may, or
+    node is unknown. Any other misfit only misses, and the root still serves what fits."""
     if node is None:
         return None
     art = marker.artifact
-    bad = [
-        d.line()
-        for d in compat.held_misfits(art.fingerprint, node, art.recipe.identity, marker.components)
-        if d.field != "gpu.count"
-    ]
-    return f"it does not fit this node ({'; '.join(bad)})" if bad else None
+    bad = [d.line() for d in compat.unsafe_to_load(art.fingerprint, node, art.recipe.identity)]
+    return f"it is not safe to load on this node ({'; '.join(bad)})" if bad else None
 
 
 def _lacking(marker: Marker, root: Path, shared: bool) -> str | None:

@@ -233,13 +233,27 @@ def test_an_active_artifact_the_node_no_longer_fits_is_not_served_whatever_the_s
                                                                                           root, gpus=older)):
         assert got.status != "already-active" and not got.hit, (got.status, got.warnings)
         assert not got.env.vars["TORCHINDUCTOR_CACHE_DIR"].startswith(str(root)), got.env.vars
-        assert any("does not fit this node" in w and "gpu.driver" in w for w in got.warnings), got.warnings
+        assert any("not safe to load on this node" in w and "gpu.driver" in w for w in got.warnings), got.warnings
     assert restore.active(root).artifact.key == own.key  # left as it is
     node = fingerprint.probe(model="/models/tiny").with_gpus(older)
     served = serving.plan(tiny_recipe(), root, node=node)
     assert served.active is None and served.predicted_miss
     assert not served.env.vars["TORCHINDUCTOR_CACHE_DIR"].startswith(str(root))
     assert serving.plan(tiny_recipe(), root, node=node.with_gpus(sxm)).active == own.key
+
+
+def test_a_root_whose_misfit_only_misses_is_still_served_when_the_store_offers_nothing(sxm_store, tmp_path):
+    """An image baked with the SXM build runs on a PCIe node (same arch): Inductor keys on the GPU's
+    name and misses, FlashInfer and Triton hit. With the store down, that root is still what vLLM
+    gets: nothing of it is unsafe to load, only some of it misses."""
+    from warmer import serving
+
+    root, pcie = tmp_path / "baked", _gpus("h100-pcie")
+    key = restore.restore_file(tmp_path / "sxm.tar.zst", root).key  # the file the fixture published
+    got = fetch.fetch(tiny_recipe(), f"file://{tmp_path / 'no-such-store'}", root, gpus=pcie)
+    assert got.status == "miss" and got.env.vars["TRITON_CACHE_DIR"] == str(root / "triton"), got.warnings
+    node = fingerprint.probe(model="/models/tiny").with_gpus(pcie)
+    assert serving.plan(tiny_recipe(), root, node=node).active == key
 
 
 def test_a_nodes_own_whole_artifact_is_kept_and_said_when_the_store_offers_nothing(tmp_path):
