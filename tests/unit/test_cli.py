@@ -391,6 +391,8 @@ def test_an_env_file_fetch_could_not_write_is_refused_before_fetching(tmp_path):
                      "--env-format", "shell", env=_env())
     assert out.returncode == 2 and "is not UTF-8 text" in out.stderr, out.stderr
     assert not os.path.exists(root)
+    out = run_warmer("fetch", recipe, "--store", store, "--root", root, env=_env())  # export lines on stdout
+    assert out.returncode == 2 and "is not UTF-8 text" in out.stderr and not os.path.exists(root), out.stderr
     out = run_warmer("fetch", recipe, "--store", store, "--root", tmp_path / "root", "--env-file", tmp_path, env=_env())
     assert out.returncode == 2 and f"--env-file {tmp_path} is a directory" in out.stderr, out.stderr
 

@@ -105,7 +105,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     recipe = load(args.recipe, schema_later=True)
     if args.env_file:
         check_out_file("--env-file", args.env_file, "give a file in a directory the pod mounts (the shared emptyDir)")
-        check_env_format(recipe, args.root, args.env_format)
+    if args.env_file or not args.json:  # the env goes somewhere: what it cannot carry is said before the fetch
+        check_env_format(recipe, args.root, args.env_format if args.env_file else "shell")
     t0 = time.perf_counter()  # the whole fetch, as fetch --all times each recipe: a miss waits too
     result = api.fetch(
         recipe,
