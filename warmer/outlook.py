@@ -114,8 +114,7 @@ def outlook(
                     "fit",
                     str(root),
                     "the active artifact does not fit this node: " + "; ".join(d.line() for d in bad),
-                    "`warmer fetch` replaces it with what fits, when the store has it (meanwhile fetch and serve "
-                    "point vLLM at a cold directory), or build one on this node's type",
+                    "`warmer fetch` replaces it with what fits, when the store has it, or build one on this node's type",
                 )
             )
     details = {name: check.detail for name, check in checked.items() if check.detail is not None}
