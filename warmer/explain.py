@@ -160,6 +160,7 @@ class Explanation:
     volatile_env: tuple[str, ...]
     candidates: tuple[Candidate, ...]
     unreadable: tuple[tuple[str, str], ...]  # (key, why)
+    unread: int = 0  # entries past the limit asked for, not judged
 
     @property
     def accepted(self) -> int:
@@ -181,6 +182,7 @@ class Explanation:
             "rejected": self.rejected,
             "candidates": [c.to_json() for c in self.candidates],
             "unreadable": [{"key": k, "error": e} for k, e in self.unreadable],
+            "unread": self.unread,
         }
 
 
@@ -232,7 +234,8 @@ def explain(store: Store, recipe: Recipe, node: Fingerprint, *, limit: int | Non
             return key, f"index entry unreadable: {e}"
 
     # daemon threads: a fetch's deadline abandons a stalled read (deadline.call)
-    found = map_on_daemon_threads(judged, store.list_index(recipe.name)[:limit], 8, store.deadline, "judging entries")
+    listed = store.list_index(recipe.name)
+    found = map_on_daemon_threads(judged, listed[:limit], 8, store.deadline, "judging entries")
     candidates = sorted((c for c in found if isinstance(c, Candidate)), key=_rank)
     unreadable = [u for u in found if isinstance(u, tuple)]
     return Explanation(
@@ -244,6 +247,7 @@ def explain(store: Store, recipe: Recipe, node: Fingerprint, *, limit: int | Non
         tuple(compat.volatile_warnings(recipe.env)),
         tuple(candidates),
         tuple(unreadable),
+        len(listed[limit:]) if limit is not None else 0,
     )
 
 

@@ -246,10 +246,17 @@ def _nothing_for(
     nearest: explain.Nearest | None = None
     found: tuple[explain.Candidate, ...] = ()
     try:
-        found = deadline.call(
-            lambda: explain.explain(store, recipe, node, limit=explain.NEAREST_LIMIT).candidates,
+        seen = deadline.call(
+            lambda: explain.explain(store, recipe, node, limit=explain.NEAREST_LIMIT),
             f"looking for the nearest artifact in {store.url}",
         )
+        found = seen.candidates
+        if seen.unread:
+            warnings.append(
+                f"the store holds {seen.unread} entries of recipe {recipe.name} past the {explain.NEAREST_LIMIT} "
+                "a miss reads (in key order) for the nearest artifact and a partial hit: those were not looked "
+                "at; `warmer gc --keep N` trims old builds"
+            )
     except (StoreError, UntrustedInput) as e:  # e.g. nodes may read entries but not list them
         warnings.append(f"no nearest artifact to show: {e}")
     if found:

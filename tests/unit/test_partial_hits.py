@@ -96,6 +96,22 @@ def test_a_build_of_this_key_that_misfits_does_not_hide_another_builds_fitting_l
         assert (tmp_path / "root" / rel).read_bytes() == data
 
 
+def test_a_miss_says_when_the_store_holds_more_entries_than_it_reads(sxm_store, tmp_path, monkeypatch):
+    """A miss reads the first NEAREST_LIMIT entries in key order (400; 1 here): past them a fitting
+    partial hit may sit unread, which the fetch said nothing of."""
+    from warmer import explain
+
+    store, _ = sxm_store
+    root = tmp_path / "a100-build"
+    make_cache_tree(root)
+    built = fingerprint.probe(root=root, model="/models/tiny").with_gpus(_gpus("a100"))
+    build.pack_root(root, tiny_recipe(), tmp_path / "a100.tar.zst", fp=built)
+    build.publish(store, tmp_path / "a100.tar.zst")
+    monkeypatch.setattr(explain, "NEAREST_LIMIT", 1)
+    got = fetch.fetch(tiny_recipe(), store, tmp_path / "root", gpus=_gpus("h200"))
+    assert any("holds 1 entries of recipe tiny past the 1 a miss reads (in key order)" in w for w in got.warnings), got.warnings
+
+
 def test_the_outlook_of_a_partial_root_judges_only_what_it_restored(sxm_store, tmp_path):
     store, _ = sxm_store
     node = tmp_path / "root"
