@@ -25,6 +25,7 @@ import shutil
 import signal
 import stat
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -407,8 +408,7 @@ def _activate(staging: Path, root: Path) -> None:
         # old tree at .old, which the next restore moves back before anything else. SIGTERM (a pod
         # deleted) waits for the pair: raised between them, it left no root and removed the new tree.
         old = staging.with_name(staging.name + ".old")
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-        try:
+        with _signals_held():
             os.rename(root, old)
             try:
                 os.rename(staging, root)
@@ -416,8 +416,25 @@ def _activate(staging: Path, root: Path) -> None:
                 os.rename(old, root)
                 raise
             os.rename(old, staging)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGTERM and Ctrl-C are handled after the block, not inside it. Their Python handlers run in
+    the main thread whichever thread the kernel gives the signal (a download's readers), so the
+    handlers are swapped, not the signal mask; a restore in another thread is never interrupted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    before = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        for s in dict.fromkeys(got):
+            signal.raise_signal(s)  # to the handler it had, now
 
 
 def _ours(path: Path, owner: tuple[int, int] | None = None) -> bool:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -257,7 +258,8 @@ def test_a_read_only_root_is_said_so_not_blamed_on_its_owner(small_fs, packed):
 def test_sigterm_between_the_two_renames_of_a_swap_leaves_a_root(tmp_path, packed, monkeypatch):
     """Where renameat2's RENAME_EXCHANGE is refused (NFS: EINVAL; made so here) the swap is two
     renames. SIGTERM (the pod deleted) raised between them left no root at all, and the new tree,
-    then at the staging path, was removed with it."""
+    then at the staging path, was removed with it. Another thread is alive, as a download's readers
+    are: the kernel may hand it the signal, whose handler then runs in the main thread all the same."""
     root = tmp_path / "root"
     restore.restore_file(packed("A").path, root)
     b = packed("B", extra={"inductor/b.so": b"b"}).path
@@ -278,10 +280,15 @@ def test_sigterm_between_the_two_renames_of_a_swap_leaves_a_root(tmp_path, packe
     monkeypatch.setattr(restore, "_exchange", no_exchange)
     monkeypatch.setattr(restore.os, "rename", rename)
     before = signal.signal(signal.SIGTERM, terminated)
+    done = threading.Event()
+    reader = threading.Thread(target=done.wait)
+    reader.start()
     try:
         with pytest.raises(Terminated):
             restore.restore_file(b, root)
     finally:
+        done.set()
+        reader.join()
         signal.signal(signal.SIGTERM, before)
         monkeypatch.undo()
     assert assert_complete(root) == "B"
