@@ -412,11 +412,11 @@ def fits(decided: list[Decision]) -> bool:
     return all(d.ok for d in decided)
 
 
-# Where a cache loaded anyway does harm (wrong numbers, a crash) instead of missing, since its
-# loader checks no such thing: Inductor's CPU kernels and the ISA, vLLM's AOT key and the GPU
-# arch, compiled code and an older driver or glibc. A root whose artifact fails one of these is
-# not served; any other misfit (a library each cache keys on itself, a driver the CUDA cache drops
-# itself on) only misses, and the root still serves what fits.
+# Where a cache loaded anyway may do harm (wrong numbers, a crash) instead of missing, since its
+# loader checks no such thing: Inductor's CPU kernels and the ISA, compiled code and an older
+# driver or glibc. A root whose artifact fails one of these is not served; any other misfit (a
+# library each cache keys on itself, FlashInfer's arch tag, which names its workspace, a newer
+# driver the CUDA cache drops itself on) only misses, and the root still serves what fits.
 UNSAFE_TO_LOAD = frozenset(
     {
         "machine",
@@ -424,7 +424,6 @@ UNSAFE_TO_LOAD = frozenset(
         "cpu.isa",
         "cpu.aten_capability",
         "gpu.compute_capability",
-        "gpu.arch",
         "gpu.mixed",
         "gpu.driver",
         "gpu.cuda_driver",

@@ -215,9 +215,12 @@ def unfit(marker: Marker, node: Fingerprint | None) -> str | None:
     node is unknown. Any other misfit only misses, and the root still serves what fits."""
     if node is None:
         return None
-    art = marker.artifact
-    bad = [d.line() for d in compat.unsafe_to_load(art.fingerprint, node, art.recipe.identity)]
-    return f"it is not safe to load on this node ({'; '.join(bad)})" if bad else None
+    art, identity = marker.artifact, marker.artifact.recipe.identity
+    bad = compat.unsafe_to_load(art.fingerprint, node, identity)
+    if bad and marker.components is not None:  # a partial hit: only what the layers it holds check
+        checked = {d.field for d in compat.held_misfits(art.fingerprint, node, identity, marker.components)}
+        bad = [d for d in bad if d.field in checked]
+    return f"it is not safe to load on this node ({'; '.join(d.line() for d in bad)})" if bad else None
 
 
 def _lacking(marker: Marker, root: Path, shared: bool) -> str | None:

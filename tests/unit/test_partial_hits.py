@@ -96,6 +96,28 @@ def test_a_build_of_this_key_that_misfits_does_not_hide_another_builds_fitting_l
         assert (tmp_path / "root" / rel).read_bytes() == data
 
 
+def test_a_partial_root_is_judged_on_what_its_layers_check_as_fetch_restored_it(sxm_store, tmp_path):
+    """fetch restores a partial hit by each layer's own rule; serve then refused the very root on a
+    field none of those layers checks (the whole artifact's rules), and started vLLM cold."""
+    from dataclasses import replace
+
+    store, _ = sxm_store
+    root, pcie = tmp_path / "root", _gpus("h100-pcie")
+    assert fetch.fetch(tiny_recipe(), store, root, gpus=pcie).status == "partial"
+    marker = replace(restore.active(root), components=("flashinfer",))  # FlashInfer's alone, say
+    # FlashInfer names its workspace by the arch tag and takes no compute capability of its own
+    other = fingerprint.probe(model="/models/tiny").with_gpus(replace(pcie, compute_capability="9.1"))
+    assert restore.unfit(marker, other) is None
+    assert "gpu.compute_capability" in restore.unfit(replace(marker, components=None), other)
+    assert serving.plan(tiny_recipe(), root, node=other).active is None  # the root holds Triton's too
+    node = fingerprint.probe(model="/models/tiny").with_gpus(pcie)
+    assert serving.plan(tiny_recipe(), root, node=node).active == marker.artifact.key
+    # another arch tag (sm_120's 120a under CUDA 12.8, 120f under 12.9+): FlashInfer's workspace misses,
+    # Triton's kernels still serve
+    tagged = fingerprint.probe(model="/models/tiny").with_gpus(replace(pcie, arch="90x"))
+    assert serving.plan(tiny_recipe(), root, node=tagged).active == marker.artifact.key
+
+
 def test_a_miss_says_when_the_store_holds_more_entries_than_it_reads(sxm_store, tmp_path, monkeypatch):
     """A miss reads the first NEAREST_LIMIT entries in key order (400; 1 here): past them a fitting
     partial hit may sit unread, which the fetch said nothing of."""
