@@ -80,7 +80,7 @@ def outlook(
     out += [_difference(d) for d in differences if d.name not in said]
     served = recipe or Recipe.from_artifact(art)
     if vllm_held:
-        out += _model_as_built(art, served.model)
+        out += _model_as_built(art, served)
     fixed = [n for n, c in art.components.items() if not c.relocatable and n in held]
     for w in art.path_contract.warnings(root, served.model, fixed):
         out.append(
@@ -204,21 +204,23 @@ def _served_as_built(art: Artifact, env: Mapping[str, str]) -> list[Finding]:
     return out
 
 
-def _model_as_built(art: Artifact, model: str) -> list[Finding]:
-    """The model at the served path must be the one warmed: vLLM hashes its config. Said where the
-    model can be read (the vLLM container; an init container may not mount it)."""
+def _model_as_built(art: Artifact, served: Recipe) -> list[Finding]:
+    """The model at the served path should be the one warmed: vLLM hashes its config. Said where
+    the model can be read (the vLLM container; an init container may not mount it); a warning, as
+    vLLM hashes the config as transformers loads it, which a digest of the file only approaches."""
     built = art.vllm.model_config if art.vllm else None
-    here = model_config_digest(model) if built else None
+    here = model_config_digest(served.model, served.engine) if built else None
     if here is None or here == built:
         return []
+    model = served.model
     return [
         Finding(
-            ERROR,
+            WARNING,
             "model",
             model,
-            f"the model at {model} is not the one this artifact was warmed with: its config.json differs "
+            f"the model at {model} may not be the one this artifact was warmed with: its config.json differs "
             f"(sha256 {here[:12]} here, {built[:12]} at build); vLLM hashes the model's config into its "
-            "compile key, so it compiles from cold",
+            "compile key, so if the model changed, it compiles from cold",
             "build an artifact of this model (a new model at the same path keeps warmer's key: `warmer rm` "
             "the old entry first), or serve the model that was warmed",
         )

@@ -96,16 +96,24 @@ class VllmKey:
 MODEL_CONFIG_LIMIT = 4 << 20
 
 
-def model_config_digest(model: str) -> str | None:
-    """sha256 of the model's config.json as JSON (key order and spacing aside), when model is a
-    local folder holding one; None otherwise. vLLM hashes the model's whole config into its config
-    hash: another model at the same path (a synced `main`, a moved link) keeps warmer's key and
-    misses vLLM's, every field of it (eos_token_id, initializer_range) counted."""
+def model_config_digest(model: str, engine: Mapping[str, object] | None = None) -> str | None:
+    """sha256 of the model's config.json as JSON (key order and spacing aside, and without
+    transformers_version, which vLLM's hash takes from the installed transformers), when model is
+    a local folder holding one; None otherwise, and where the engine args read the config from
+    elsewhere (hf_config_path, a config_format other than hf). vLLM hashes the model's config into
+    its config hash: another model at the same path (a synced `main`, a moved link) keeps
+    warmer's key and misses vLLM's. vLLM hashes the config as transformers loads it, defaults
+    aside, so a config written out otherwise can differ here and not there: a warning, not more."""
+    engine = engine or {}
+    if engine.get("hf_config_path") or engine.get("config_format") not in (None, "auto", "hf"):
+        return None
     try:
         with open(os.path.join(model, "config.json"), "rb") as f:
             doc = json.loads(f.read(MODEL_CONFIG_LIMIT + 1))
     except (OSError, ValueError, RecursionError):
         return None
+    if isinstance(doc, dict):
+        doc.pop("transformers_version", None)
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -262,14 +262,14 @@ class EngineRun:
     vllm: vllmkey.VllmKey | None = None  # what vLLM hashed, with the compile-cache folders its key named
 
 
-def _vllm_key(result: dict, files: list[tuple[str, int]], model: str) -> vllmkey.VllmKey | None:
+def _vllm_key(result: dict, files: list[tuple[str, int]], recipe: Recipe) -> vllmkey.VllmKey | None:
     """What vLLM hashed in a run (result: the child's), with the compile-cache folders its key named
     among the root's files, and the digest of the model's config."""
     vk = result.get("vllm_key")
     if not vk:
         return None
     dirs = vllmkey.cache_dirs([rel for rel, _ in files])
-    digest = vllmkey.model_config_digest(model)
+    digest = vllmkey.model_config_digest(recipe.model, recipe.engine)
     return vllmkey.VllmKey(vk.get("version"), vk.get("env") or {}, vk.get("config_hash"), dirs, digest)
 
 
@@ -392,7 +392,7 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
         log_path,
         sandbox,
         census(root, files, sandbox),
-        _vllm_key(result, files, recipe.model),
+        _vllm_key(result, files, recipe),
     )
 
 
