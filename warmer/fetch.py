@@ -159,9 +159,8 @@ def choose(
     except (StoreError, UntrustedInput) as e:  # an unreachable store is a slow start too, not a failed pod
         return Choice(key, "miss", warnings=(f"{e}; {COLD}",))
     if raw is None:
-        if root is not None and _whole_own(
-            Path(root), key, trusted_keys, node
-        ):  # kept (_own_kept): nothing to look for
+        # a root holding this key whole is kept (_own_kept): no other entry is worth reading
+        if root is not None and _whole_own(Path(root), key, trusted_keys, node):
             return Choice(
                 key, "miss", warnings=(f"no artifact for recipe {recipe.name} and this node (key {key[:16]}): {COLD}",)
             )

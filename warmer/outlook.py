@@ -209,8 +209,8 @@ def _model_as_built(art: Artifact, served: Recipe) -> list[Finding]:
     the model can be read (the vLLM container; an init container may not mount it); a warning, as
     vLLM hashes the config as transformers loads it, which a digest of the file only approaches."""
     built = art.vllm.model_config if art.vllm else None
-    here = model_config_digest(served.model, served.engine) if built else None
-    if here is None or here == built:
+    here = model_config_digest(served.model, served.engine) if built is not None else None
+    if built is None or here is None or here == built:
         return []
     model = served.model
     return [

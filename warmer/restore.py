@@ -211,8 +211,9 @@ def distrusted(marker: Marker, trusted_keys) -> str | None:
 
 def unfit(marker: Marker, node: Fingerprint | None) -> str | None:
     """Why the artifact a marker names must not be loaded on node (compat.UNSAFE_TO_LOAD: a driver
-    older than the build's, another ISA on a CPU backend, another GPU arch); None when it may, or
-    node is unknown. Any other misfit only misses, and the root still serves what fits."""
+    older than the build's, another ISA on a CPU backend, another compute capability; for a partial
+    hit, among the fields its layers take); None when it may, or node is unknown. Any other misfit
+    only misses, and the root still serves what fits."""
     if node is None:
         return None
     art, identity = marker.artifact, marker.artifact.recipe.identity
@@ -306,8 +307,8 @@ def locked(
                 root, f"the lock {path} is a symbolic link, which warmer never creates: someone planted it; remove it"
             ) from None
         # the lock alone in the way (its directory writable): the fix is the lock's, not the directory's
-        writable = os.access(path.parent, os.W_OK | os.X_OK, effective_ids=True)
-        if e.errno in (errno.EACCES, errno.EPERM) and writable and (st := _lstat(path)) is not None:
+        denied = e.errno in (errno.EACCES, errno.EPERM)
+        if denied and os.access(path.parent, os.W_OK | os.X_OK, effective_ids=True) and (st := _lstat(path)):
             raise not_activated(
                 root,
                 f"{e.strerror}: the lock {path} belongs to uid {st.st_uid} with mode {stat.filemode(st.st_mode)}, which this "
@@ -436,8 +437,8 @@ def _signals_held() -> Iterator[None]:
     finally:
         for s, handler in before.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-        for s in dict.fromkeys(got):
-            signal.raise_signal(s)  # to the handler it had, now
+        for signum in dict.fromkeys(got):
+            signal.raise_signal(signum)  # to the handler it had, now
 
 
 def _ours(path: Path, owner: tuple[int, int] | None = None) -> bool:
