@@ -434,7 +434,15 @@ UNSAFE_TO_LOAD = frozenset(
 
 def unsafe_to_load(built: Fingerprint, node: Fingerprint, identity: Mapping[str, Any] | None) -> list[Decision]:
     """The failed decisions of an artifact against node on which loading it does harm."""
+    node = _as_read(built, node)
     return [d for d in decisions(built, node, identity) if not d.ok and d.field in UNSAFE_TO_LOAD]
+
+
+def _as_read(built: Fingerprint, node: Fingerprint) -> Fingerprint:
+    """node, for judging an artifact already in a root: GPUs that neither NVML nor nvidia-smi
+    answered for (a container without the `utility` capability, whose CUDA works) are not known
+    to be none, so they are not judged (taken as the build's)."""
+    return node.with_gpus(built.gpu) if node.gpu.source is None and built.gpu.count else node
 
 
 def held_misfits(
@@ -442,6 +450,7 @@ def held_misfits(
 ) -> list[Decision]:
     """The failed decisions, once each, of an artifact active in a root against node: whole
     (components None), or the components a partial hit restored, each on its own rule."""
+    node = _as_read(built, node)
     decided = (
         decisions(built, node, identity)
         if components is None

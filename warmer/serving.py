@@ -246,7 +246,12 @@ def plan(
     )
     env = env.merged(given)
     environ = {**(os.environ if base is None else base), **env.vars}
-    look = outlook(recipe, root, marker.artifact, environ, components=marker.components) if marker else Outlook()
+    # with the node: an artifact served that does not fit it in full misses there (a predicted miss)
+    look = (
+        outlook(recipe, root, marker.artifact, environ, node=node, components=marker.components)
+        if marker
+        else Outlook()
+    )
     warnings += look.warnings
     if marker and marker.components is not None:  # as fetch said it: --require-hit refuses it as fetch --require does
         rest = [c for c in marker.artifact.components if c not in marker.components]

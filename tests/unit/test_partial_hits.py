@@ -278,6 +278,11 @@ def test_an_active_artifact_the_node_no_longer_fits_is_not_served_whatever_the_s
     assert served.active is None and served.predicted_miss
     assert not served.env.vars["TORCHINDUCTOR_CACHE_DIR"].startswith(str(root))
     assert serving.plan(tiny_recipe(), root, node=node.with_gpus(sxm)).active == own.key
+    # a vLLM container that cannot read its GPUs (no NVML, no nvidia-smi: the `compute` capability
+    # alone) while CUDA works: GPUs not read are not judged; it read as a node without GPUs, and cold
+    unread = node.with_gpus(fingerprint.gpu_section(None, None, None, []))
+    assert unread.gpu.count == 0 and restore.unfit(restore.active(root), unread) is None
+    assert serving.plan(tiny_recipe(), root, node=unread).active == own.key
 
 
 def test_a_root_whose_misfit_only_misses_is_still_served_when_the_store_offers_nothing(sxm_store, tmp_path):
@@ -291,7 +296,10 @@ def test_a_root_whose_misfit_only_misses_is_still_served_when_the_store_offers_n
     got = fetch.fetch(tiny_recipe(), f"file://{tmp_path / 'no-such-store'}", root, gpus=pcie)
     assert got.status == "miss" and got.env.vars["TRITON_CACHE_DIR"] == str(root / "triton"), got.warnings
     node = fingerprint.probe(model="/models/tiny").with_gpus(pcie)
-    assert serving.plan(tiny_recipe(), root, node=node).active == key
+    plan = serving.plan(tiny_recipe(), root, node=node)
+    # served, and said: Inductor's cache misses there, so --require-hit refuses it (it was silent)
+    assert plan.active == key and plan.predicted_miss
+    assert any("does not fit this node" in w and "gpu.name" in w for w in plan.warnings), plan.warnings
 
 
 def test_a_nodes_own_whole_artifact_is_kept_and_said_when_the_store_offers_nothing(tmp_path):

@@ -84,7 +84,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         c,
         api.DEFAULT_DEADLINE_S,
         "the whole fetch (index, download, restore) is then a miss (a root already holding the key's whole "
-        "artifact is kept); with --all, the whole run",
+        "artifact, intact and safe to load here, is kept); with --all, the whole run",
     )
     add_owner(c)
 
