@@ -332,7 +332,7 @@ def fetch(
         check()  # but an unchecked recipe may be what failed: then its RecipeError
         why = f"no artifact chosen: unexpected {type(e).__name__}: {e}; {COLD}"
         choice = Choice("", "error", warnings=(why,))
-    own = _own_kept(choice, root, recipe.name, tuple(trusted_keys), node)
+    own = _own_kept(choice, root, tuple(trusted_keys), node)
     if own is not None:  # the root holds this key's whole artifact, kept: said why
         choice = Choice(choice.key, None, nearest=choice.nearest, warnings=own[1])
     entry = choice.entry if choice.status is None else None
@@ -408,25 +408,23 @@ def fetch(
 
 
 def _own_kept(
-    choice: Choice, root: Path, recipe: str, trusted_keys: tuple, node: Fingerprint | None
+    choice: Choice, root: Path, trusted_keys: tuple, node: Fingerprint | None
 ) -> tuple[Artifact, tuple[str, ...]] | None:
     """The whole artifact of this node's own key, active and intact in root, and the lines that say
-    why it is kept, where the store offers less: another key's artifact (a partial hit, or one an
-    older warmer's rules keyed elsewhere) or nothing (a miss): the entry of this key is gone from the
-    store (`warmer gc --keep`, `warmer rm`), or the store did not answer. Or the part of this same
-    build that fits a fetch seeing fewer GPUs than the recipe needs: a fetch counts the GPUs of its
-    own container (an init container given fewer than vLLM's), and that part would make every
-    start cold."""
+    why it is kept, where the store offers less: nothing (a miss: the entry of this key is gone from
+    the store, `warmer gc --keep`, `warmer rm`, which choose saw without reading other entries, or
+    the store did not answer). Or the part of this same build that fits a fetch seeing fewer GPUs
+    than the recipe needs: a fetch counts the GPUs of its own container (an init container given
+    fewer than vLLM's), and that part would make every start cold."""
     miss = choice.status == "miss" and choice.entry is None
     offer = choice.entry if choice.status is None else None
-    other = offer is not None and offer.key != choice.key
     fewer_gpus = (
         offer is not None
-        and not other
+        and offer.key == choice.key
         and choice.components is not None
         and all(d.field == "gpu.count" for d in choice.decisions if not d.ok)
     )
-    if not choice.key or not (miss or other or fewer_gpus):
+    if not choice.key or not (miss or fewer_gpus):
         return None
     marker = _whole_own(root, choice.key, trusted_keys, node)
     if marker is None:
@@ -437,15 +435,9 @@ def _own_kept(
     if offer is None:  # a miss: the root is warm all the same
         said = tuple(w.removesuffix(f": {COLD}").removesuffix(f"; {COLD}") for w in choice.warnings)
         return marker.artifact, (*said, f"{held}, intact, is kept: vLLM starts warm")
-    if fewer_gpus:
-        return marker.artifact, (
-            f"{held}, intact, is kept, not replaced by the {', '.join(choice.components or ())} layers that fit "
-            f"the GPUs this fetch sees ({'; '.join(choice.warnings)}): give the fetch the GPUs vLLM gets",
-        )
-    offered = f"{', '.join(choice.components)} of " if choice.components else ""
     return marker.artifact, (
-        f"the store has no entry for {recipe}/{choice.key[:16]} any more (`warmer gc`, `warmer rm`): {held} is "
-        f"kept, not replaced by the {offered}artifact {offer.key[:16]}",
+        f"{held}, intact, is kept, not replaced by the {', '.join(choice.components or ())} layers that fit "
+        f"the GPUs this fetch sees ({'; '.join(choice.warnings)}): give the fetch the GPUs vLLM gets",
     )
 
 
