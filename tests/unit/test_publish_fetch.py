@@ -263,3 +263,51 @@ def test_inspect_shows_the_manifest(published):
     out = run_warmer("inspect", published["artifact"], "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["key"] == published["doc"].key
+
+
+def test_gc_stops_at_an_index_directory_it_cannot_list_and_deletes_no_blob(packed):
+    """A store shared by publishers and a gc job of another uid: a recipe directory the gc user cannot
+    list was read as empty, so every blob its entries name looked like an orphan and went (exit 0, every
+    node on those keys then missed). Directories a publish creates are listable by all, as the files
+    in them are (0644); one left unlistable (an older publisher's umask 077) stops gc and ls."""
+    import shutil
+    import stat
+    import subprocess
+    import sys
+    import tempfile
+    from datetime import UTC, datetime, timedelta
+
+    from tests.conftest import REPO
+    from warmer import catalog
+
+    top = Path(tempfile.mkdtemp(prefix="warmer-gc-", dir="/tmp"))  # pytest's own tmp is 0700
+    try:
+        top.chmod(0o755)
+        store = open_store(f"file://{top / 'store'}")
+        old = os.umask(0o077)  # a publisher's umask
+        try:
+            a = packed("a")
+            blob = build.publish(store, a.path).blob
+        finally:
+            os.umask(old)
+        index = top / "store" / "index" / "tiny"
+        assert stat.S_IMODE(index.stat().st_mode) == 0o755 and stat.S_IMODE((top / "store").stat().st_mode) == 0o755
+        long_ago = (datetime.now(UTC) - catalog.ORPHAN_GRACE - timedelta(hours=1)).timestamp()
+        blob_file = store._blob(blob)
+        os.utime(blob_file, (long_ago, long_ago))  # past the orphan grace: an unnamed blob would go
+        for d in (top / "store", *(p for p in (top / "store").rglob("*") if p.is_dir())):
+            d.chmod(0o777)
+        index.chmod(0o700)  # as that older publisher left it: root's, unlistable by the gc user
+
+        # Everything imported first: this Python may sit where the gc user cannot read.
+        script = ("import os, sys; from warmer import cli, catalog, store; import warmer.store.file\n"
+                  "if os.geteuid() == 0:\n    os.setgid(65534); os.setuid(65534)\n"
+                  "sys.exit(cli.main(sys.argv[1:]))\n")
+        for argv in (["ls", "--store", store.url], ["gc", "--store", store.url, "--keep", "1"]):
+            out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, cwd=REPO,
+                                 timeout=120)
+            assert out.returncode != 0 and f"cannot list {index}" in out.stderr, (argv, out.stdout, out.stderr)
+            assert "chmod -R a+rX" in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert blob_file.exists() and store.list_index() == [("tiny", a.artifact.key)]
+    finally:
+        shutil.rmtree(top)

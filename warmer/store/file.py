@@ -70,7 +70,7 @@ class FileStore(Store):
         self.deadline = deadline or unbounded()  # a shared directory (NFS) can stall too
 
     def prepare(self) -> None:
-        self.base.mkdir(parents=True, exist_ok=True)
+        _mkdirs(self.base)
 
     def _must_exist(self) -> None:
         """A store directory that is not there is a wrong URL or an unmounted share, not an empty
@@ -86,7 +86,7 @@ class FileStore(Store):
 
     def _create_once(self, target: Path, write) -> bool:
         """Write to a uniquely named file beside target, then link it in: fails if target exists."""
-        target.parent.mkdir(parents=True, exist_ok=True)
+        _mkdirs(target.parent)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f"{INCOMING}{uuid.uuid4().hex[:8]}-")
         try:
             with os.fdopen(fd, "wb") as f:
@@ -164,18 +164,20 @@ class FileStore(Store):
     def list_index(self, recipe: str | None = None) -> list[tuple[str, str]]:
         self._must_exist()
         base = self.base / "index"
-        dirs = [base / recipe] if recipe else sorted(p for p in base.glob("*") if p.is_dir())
-        found = (parse_index_path(f"index/{d.name}/{f.name}") for d in dirs for f in sorted(d.glob("*.json")))
+        dirs = [base / recipe] if recipe else [base / d.name for d in _entries(base) if d.is_dir()]
+        found = (parse_index_path(f"index/{d.name}/{f.name}") for d in dirs for f in _entries(d))
         return [rk for rk in found if rk]
 
     def list_blobs(self) -> list[Blob]:
         self._must_exist()
         out = []
-        for f in sorted((self.base / "blobs" / "sha256").glob("*/*.tar.zst")):
-            sha = parse_blob_path(f.relative_to(self.base).as_posix())
-            st = _lstat(f)
-            if sha and st and stat.S_ISREG(st.st_mode):
-                out.append(Blob(sha, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC)))
+        top = self.base / "blobs" / "sha256"
+        for d in _entries(top):
+            for f in _entries(top / d.name) if d.is_dir() else ():
+                sha = parse_blob_path(f"blobs/sha256/{d.name}/{f.name}")
+                st = _lstat(Path(f.path))
+                if sha and st and stat.S_ISREG(st.st_mode):
+                    out.append(Blob(sha, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC)))
         return out
 
     def list_scraps(self) -> list[Scrap]:
@@ -183,12 +185,14 @@ class FileStore(Store):
         artifact's bytes each, under a name no listing shows."""
         self._must_exist()
         out = []
-        for f in sorted(self.base.rglob(f"{INCOMING}*")):
-            st = _lstat(f)
-            if st and stat.S_ISREG(st.st_mode):
-                out.append(
-                    Scrap(f.relative_to(self.base).as_posix(), st.st_size, datetime.fromtimestamp(st.st_mtime, UTC))
-                )
+        for top, _, files in os.walk(self.base, onerror=_unlistable):
+            for name in sorted(files):
+                f = Path(top, name)
+                st = _lstat(f) if name.startswith(INCOMING) else None
+                if st and stat.S_ISREG(st.st_mode):
+                    out.append(
+                        Scrap(f.relative_to(self.base).as_posix(), st.st_size, datetime.fromtimestamp(st.st_mtime, UTC))
+                    )
         return out
 
     def delete_scrap(self, scrap: Scrap) -> None:
@@ -218,6 +222,40 @@ class _Pread:
 
     def close(self) -> None:
         pass
+
+
+def _mkdirs(d: Path) -> None:
+    """d and its missing parents, each one made readable by all as the files in them are (0644): under
+    a publisher's umask 077, nodes and gc running as another user could not list what it publishes."""
+    missing = []
+    while not d.is_dir() and d != d.parent:
+        missing.append(d)
+        d = d.parent
+    for m in reversed(missing):
+        try:
+            m.mkdir()
+        except FileExistsError:  # another publisher made it meanwhile: theirs
+            continue
+        os.chmod(m, stat.S_IMODE(m.stat().st_mode) | 0o755)
+
+
+def _unlistable(e: OSError) -> None:
+    if not isinstance(e, FileNotFoundError):  # gone since its parent was listed: nothing in it to list
+        raise StoreError(
+            f"cannot list {e.filename} in the store: {e.strerror}; give this user read and search access to "
+            "the whole store directory (e.g. chmod -R a+rX on it)"
+        )
+
+
+def _entries(d: Path) -> list[os.DirEntry]:
+    """d's entries by name ([] when d is absent). One that cannot be read is an error, not an empty
+    directory: gc would take every blob its entries name for an orphan and delete it."""
+    try:
+        with os.scandir(d) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError as e:
+        _unlistable(e)
+        return []
 
 
 def _lstat(path: Path) -> os.stat_result | None:
