@@ -352,6 +352,7 @@ class Collection:
     shared_kept: tuple[str, ...] = ()  # blobs of the deleted entries kept: an entry left names them (shared layers)
     scraps_deleted: tuple[Scrap, ...] = ()  # what writers that died left (Store.list_scraps), older than ORPHAN_GRACE
     pinned: tuple[tuple[Row, str], ...] = ()  # entries gc would drop, kept: another name holds them (a registry tag)
+    raced: tuple[tuple[str, str, str], ...] = ()  # (recipe, key, blob): published during gc, naming a blob it deleted
 
     def to_json(self) -> dict:
         return {
@@ -367,6 +368,7 @@ class Collection:
             ],
             "orphan_grace_hours": ORPHAN_GRACE.total_seconds() / 3600,
             "pinned": [{**r.to_json(), "by": by} for r, by in self.pinned],
+            "raced": [{"recipe": r, "key": k, "blob": b} for r, k, b in self.raced],
         }
 
 
@@ -428,15 +430,20 @@ def gc(
             referenced |= {b.sha256 for b in store.list_blobs()}
         referenced |= named_blobs(late)
     freed = named_blobs(drop)
-    unnamed = [b for b in store.list_blobs() if b.sha256 not in referenced]
+    listed = store.list_blobs()
+    if dry_run and not store.lists_blobs:  # a registry lists only what its deletes released: none yet
+        listed = list({b.sha256: Blob(b.sha256, b.size, e.published_at) for e in drop for b in e.blobs}.values())
+    unnamed = [b for b in listed if b.sha256 not in referenced]
     orphans = [b for b in unnamed if b.sha256 not in freed and b.sha256 not in named_before]
     blobs = [b for b in unnamed if b.sha256 in freed or now - b.modified > ORPHAN_GRACE]
     scraps = [x for x in store.list_scraps() if now - x.modified > ORPHAN_GRACE]  # younger: maybe still written
+    raced: tuple[tuple[str, str, str], ...] = ()
     if not dry_run:
         for b in blobs:
             store.delete_blob(b.sha256)
         for x in scraps:
             store.delete_scrap(x)
+        raced = _published_meanwhile(store, {*known, *((e.recipe, e.key) for e in late)}, {b.sha256 for b in blobs})
     return Collection(
         store.url,
         keep,
@@ -452,4 +459,18 @@ def gc(
         tuple(sorted(freed & referenced)),
         tuple(scraps),
         tuple((Row.of(e, counts), by) for e, by in pins),
+        raced,
     )
+
+
+def _published_meanwhile(
+    store: Store, seen: set[tuple[str, str]], deleted: set[str]
+) -> tuple[tuple[str, str, str], ...]:
+    """(recipe, key, blob) of each entry published after gc's last look that names a blob gc then
+    deleted: a layered publish skips the layers the store holds, and no lock orders it with gc. Its
+    own check after creating its entry can run before the delete; this one runs after it, so one of
+    the two sees every such entry."""
+    if not deleted:
+        return ()
+    newer, _ = read_entries(store, [rk for rk in store.list_index() if rk not in seen])
+    return tuple((e.recipe, e.key, b.sha256) for e in newer for b in e.blobs if b.sha256 in deleted)

@@ -134,6 +134,43 @@ def test_gc_keeps_every_layer_while_both_entries_name_them(two):
     assert store.list_index() == [("tiny", newer.key)]
 
 
+def test_gc_names_an_entry_published_while_it_ran_that_lost_a_layer_to_it(two, tmp_path, packed):
+    """A layered publish that runs wholly inside gc (after gc's last look at the index, before its
+    deletes) skips the layer of the entry gc drops, finds it still there on its own check, and says
+    published; gc then deletes it. No lock orders the two: gc looks at the index once more after its
+    deletes, and names the entry that lost a layer, with the fix, in a failing exit."""
+    from warmer.cli import gc as cli_gc
+    from warmer.store.file import FileStore
+
+    store, art_a, art_b, _, _, path_b = two
+    newer, older = sorted((art_a, art_b), key=lambda a: IndexEntry.read(
+        store.get_index("tiny", a.key), "tiny", a.key).published_at.isoformat() + a.key, reverse=True)
+    doomed = layer(older, "vllm").sha256
+    source = packed("a").source if older is art_a else tmp_path / "src-b"
+    third = tmp_path / "third.tar.zst"  # another key, whose vllm layer is the older entry's
+    art_c = build.pack_root(source, tiny_recipe(max_model_len=512), third, fp=older.fingerprint)
+    assert layer(art_c, "vllm").sha256 == doomed
+
+    class PublishedDuring(FileStore):
+        """gc's store: a publisher's whole run lands in gc's listing of the blobs."""
+        published = None
+
+        def list_blobs(self):
+            if self.published is None:
+                self.published = build.publish(open_store(store.url), third, layers=True)
+            return super().list_blobs()
+
+    gc_store = PublishedDuring(str(store.base))
+    done = catalog.gc(gc_store, 1)
+    assert gc_store.published.status == "published" and not gc_store.published.layers["vllm"]  # it skipped it
+    assert doomed in done.deleted_blobs and doomed not in blobs_in(store)
+    assert done.raced == (("tiny", art_c.key, doomed),)
+    said = cli_gc.report(done)
+    assert f"damaged: tiny {art_c.key[:16]} was published while gc ran and names blob {doomed[:16]}" in said
+    assert "publish that artifact file again" in said
+    assert build.publish(store, third).status == "mended" and doomed in blobs_in(store)
+
+
 def test_rm_keeps_the_layers_another_entry_names(two):
     store, art_a, art_b, _, _, path_b = two
     url = f"{store.url}/index/tiny/{art_b.key}"

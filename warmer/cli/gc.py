@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from warmer import api
 from warmer.cli import Output, add_store, store_options
 from warmer.cli.render import grace_hours, megabytes
-from warmer.errors import EXIT_OK
+from warmer.errors import EXIT_ERROR, EXIT_OK
 
 if TYPE_CHECKING:
     from warmer.api import Collection
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         args.store, args.keep, older_than_days=args.older_than, dry_run=args.dry_run, **store_options(args, out)
     )
     out.emit(result, report(result))
-    return EXIT_OK
+    return EXIT_ERROR if result.raced else EXIT_OK
 
 
 def _orphan(b: Any) -> str:
@@ -69,6 +69,11 @@ def report(r: Collection) -> str:
             f"kept: {len(r.shared_kept)} blob(s) of the {'doomed' if r.dry_run else 'deleted'} entries that "
             "entries left still name (shared layers)"
         )
+    lines += [
+        f"damaged: {recipe} {key[:16]} was published while gc ran and names blob {blob[:16]}, which gc "
+        "deleted: publish that artifact file again (it uploads what the entry lacks)"
+        for recipe, key, blob in r.raced
+    ]
     lines.append(
         f"{r.store}: {verb} {len(r.deleted_entries)} of {r.entries} index entries and "
         f"{len(r.deleted_blobs)} blob(s), {r.freed_bytes / 1e6:.1f} MB; kept {r.kept_entries} "

@@ -112,6 +112,8 @@ class Store(abc.ABC):
     url: str
     # Bounds every request and retry of this store (warmer.deadline), each store its own; a fetch sets it.
     deadline: Deadline
+    # list_blobs names every blob the store holds; False: only those this handle's deletes released
+    lists_blobs = True
 
     # -- what every store does the same way ---------------------------------------------------
 

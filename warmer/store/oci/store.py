@@ -231,6 +231,8 @@ class OCIStore(Store):
             deadline=self.deadline,
         )
 
+    lists_blobs = False
+
     def list_blobs(self) -> list[Blob]:
         """A registry lists no blobs: the layers whose manifests this handle deleted (gc unlinks
         them); a layer no manifest names is freed by the registry's own garbage collection."""
