@@ -17,6 +17,7 @@ import ctypes
 import dataclasses
 import errno
 import fcntl
+import glob
 import io
 import json
 import logging
@@ -455,7 +456,7 @@ def _clean_leftovers(root: Path, owner: tuple[int, int] | None = None) -> None:
     """Under the lock no other restore is running: staging dirs left behind are from crashes.
     Anything else by those names (a link, another user's directory) is left alone: never followed,
     never renamed into place."""
-    for p in root.parent.glob(f".{root.name}.staging-*"):
+    for p in root.parent.glob(f"{glob.escape(f'.{root.name}')}.staging-*"):  # a [ in a root's name matches others'
         if not _ours(p, owner):
             continue
         if p.name.endswith(".old") and not os.path.lexists(root) and (p / MARKER).is_file():
@@ -473,7 +474,17 @@ def check_root(root: Path) -> Path:
         )
     if root.exists() and not root.is_dir():
         raise UsageError(f"root {root} exists and is not a directory: choose a directory")
+    if os.path.ismount(root):
+        raise UsageError(_mount_point(root))
     return root
+
+
+def _mount_point(root: Path) -> str:
+    return (
+        f"root {root} is a mount point: a restore builds the new root beside it and renames it into "
+        "place, which a mount point refuses (every fetch would start cold); mount the volume one level up "
+        f"(at {root.parent}, say) and keep --root {root}, a directory in it"
+    )
 
 
 # -- ownership: the serving user must write the root ------------------------------------------------
@@ -650,6 +661,8 @@ def _os_error(e: OSError, root: Path) -> RestoreError:
         fix = f"run as a user who may write to {root.parent}, or choose a writable root"
     elif e.errno == errno.EROFS:
         fix = "the filesystem is read-only: choose a root on a writable volume"
+    elif e.errno in (errno.EBUSY, errno.EXDEV):  # a mount os.path.ismount does not see (a bind of the same fs)
+        return not_activated(root, f"{e.strerror} ({where}): {_mount_point(root)}")
     else:
         fix = "see the error above"
     return not_activated(root, f"{e.strerror or e} ({where}): {fix}")

@@ -255,6 +255,50 @@ def test_a_read_only_root_is_said_so_not_blamed_on_its_owner(small_fs, packed):
     assert "chown" not in restore.ownership_fix(fs / "root", 1000)
 
 
+def test_a_root_that_is_a_mount_point_is_refused_with_its_fix(tmp_path, small_fs, packed):
+    """A volume mounted at the root itself (a PVC or `docker run -v vol:/cache/RECIPE`): the new root
+    is built beside it and renamed into place, which a mount point refuses (EBUSY). Every fetch
+    downloaded the whole artifact, then started cold, told to "see the error above" where there was
+    none. Refused before any download, with the layout that works."""
+    from warmer.errors import UsageError
+
+    path = packed("A").path
+    volume = small_fs("root", "size=8m")
+    with pytest.raises(UsageError, match=f"root {volume} is a mount point") as refused:
+        restore.restore_file(path, volume)
+    assert f"mount the volume one level up (at {volume.parent}, say)" in str(refused.value)
+    assert not list(volume.iterdir()) and not list(tmp_path.glob(".root.staging-*"))
+    out = subprocess.run([sys.executable, "-m", "warmer", "restore", str(path), "--root", str(volume)],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 2 and "is a mount point" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+    # A bind mount within one filesystem, which os.path.ismount cannot tell: the swap's EBUSY says the same.
+    bound = tmp_path / "bound"
+    restore.restore_file(path, bound)
+    subprocess.run(["mount", "--bind", str(bound), str(bound)], check=True)
+    try:
+        with pytest.raises(restore.RestoreError, match="is a mount point: a restore builds the new root beside it"):
+            restore.restore_file(packed("B").path, bound)
+        assert assert_complete(bound) == "A"  # the previous cache, as it was
+    finally:
+        subprocess.run(["umount", "-l", str(bound)], check=False)
+
+
+def test_a_root_whose_name_holds_glob_characters_leaves_other_roots_staging_alone(tmp_path, packed):
+    """A restore clears the staging directories a crash left beside its root, matched by name: a `[`
+    in the name made the pattern match other roots' (`/cache/m[ab]` took `.ma.staging-*`, a running
+    restore's), and never its own."""
+    base = tmp_path / "cache"
+    base.mkdir()
+    others = base / ".ma.staging-0123456789ab"  # another root's restore, under way
+    others.mkdir()
+    own = base / ".m[ab].staging-aaaaaaaaaaaa"  # this root's, left by a crash
+    own.mkdir()
+    restore.restore_file(packed("A").path, base / "m[ab]")
+    assert others.is_dir() and not own.exists()
+    assert assert_complete(base / "m[ab]") == "A"
+
+
 def test_sigterm_between_the_two_renames_of_a_swap_leaves_a_root(tmp_path, packed, monkeypatch):
     """Where renameat2's RENAME_EXCHANGE is refused (NFS: EINVAL; made so here) the swap is two
     renames. SIGTERM (the pod deleted) raised between them left no root at all, and the new tree,
