@@ -35,6 +35,12 @@ oci-registry:
 	  || echo "make: could not install docker-registry through apt: the OCI store tests will skip"; \
 	else echo "make: docker-registry is not installed (root and apt install it): the OCI store tests will skip"; fi
 
+# s3rver (npm), an S3-compatible store outside AWS: the tests of what such stores do to boto3's
+# default uploads (tests/integration/test_s3_compatible.py), and the bench's S3 rows.
+S3RVER := .s3rver/node_modules/.bin/s3rver
+$(S3RVER):
+	npm install --silent --no-audit --no-fund --prefix .s3rver s3rver@3.7.1
+
 # ruff (lint and format) and mypy (strict on the domain modules): pyproject.toml says what.
 lint: install
 	$(PY) -m ruff check warmer
@@ -42,10 +48,10 @@ lint: install
 	$(PY) -m mypy
 
 # The whole suite: the shape's checks, unit tests, then the real loop on vLLM's CPU engine.
-test: install oci-registry lint
+test: install oci-registry $(S3RVER) lint
 	$(PY) -m pytest -ra
 
-test-unit: install oci-registry
+test-unit: install oci-registry $(S3RVER)
 	$(PY) -m pytest -ra -m "not e2e"
 
 # warmer against tar + zstd and the AWS CLI on a synthetic cache tree, side by side: the table
@@ -63,14 +69,10 @@ $(AWS_VENV)/bin/aws:
 # bench/limits.py's options (scaling to 4 GiB, sixteen nodes, vLLM's caching limit), e.g.
 # LIMITS_ARGS="scaling --sizes 256MiB,1GiB". s3rver (npm) serves the S3 rows: moto is slow on ranged GETs.
 LIMITS_ARGS ?=
-S3RVER := .s3rver/node_modules/.bin/s3rver
 # bench/layers.py's options (issue 30: layers in one store, a layer reused from another root, partial
 # hits on the GPU fixtures and on vLLM's CPU engine; about 11 minutes), e.g. LAYERS_ARGS="gpu" or
 # LAYERS_ARGS="--trials 3".
 LAYERS_ARGS ?=
-
-$(S3RVER):
-	npm install --silent --no-audit --no-fund --prefix .s3rver s3rver@3.7.1
 
 bench: install $(AWS_VENV)/bin/aws $(S3RVER) oci-registry
 	$(PY) bench/run.py $(BENCH_ARGS)

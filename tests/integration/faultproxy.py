@@ -29,9 +29,19 @@ ERRORS = {"503": (503, "Slow Down", "SlowDown", "Please reduce your request rate
           "kms-denied": (403, "Forbidden", "AccessDenied",
                          "User: arn:aws:sts::123456789012:assumed-role/gpu-node/i-0abc is not authorized to "
                          "perform: kms:Decrypt on resource: arn:aws:kms:us-east-1:123456789012:key/1234abcd "
-                         "because no identity-based policy allows the kms:Decrypt action")}
+                         "because no identity-based policy allows the kms:Decrypt action"),
+          # S3's answer to a request signed more than 15 minutes off its own clock
+          "skewed": (403, "Forbidden", "RequestTimeTooSkewed",
+                     "The difference between the request time and the current time is too large."),
+          # OpenStack Swift's S3 layer, to boto3's default upload encoding
+          "no-chunked": (501, "Not Implemented", "NotImplemented",
+                         "Transferring payloads in multiple chunks using aws-chunked is not supported."),
+          # a store without conditional writes, to If-None-Match (AWS's wording before August 2024)
+          "no-conditional": (501, "Not Implemented", "NotImplemented",
+                             "A header you provided implies functionality that is not implemented")}
 # What each action does to the request it matches:
-#   503, 500      answer with that error, do not forward (kms-denied: S3's 403 for a KMS key not granted)
+#   503, 500      answer with that error, do not forward (kms-denied: S3's 403 for a KMS key not granted;
+#                 skewed, no-chunked, no-conditional: the answers to a skewed clock, to aws-chunked, to If-None-Match)
 #   reset         drop the connection (TCP RST) before forwarding
 #   reset-after   forward, then drop the connection: the server acted, the client never hears
 #   truncate      forward; send the true headers and half the body, then drop the connection
@@ -41,7 +51,7 @@ ERRORS = {"503": (503, "Slow Down", "SlowDown", "Please reduce your request rate
 #   trickle       forward; send the true headers, then the body TRICKLE bytes at a time, TRICKLE_S apart
 #   ignore-range  forward without the Range header: 200 and the whole object, as a proxy that ignores it
 #   slow          wait SLOW_S, then forward: a slow link that still moves (no read timeout of 1 s trips)
-ACTIONS = {"503", "500", "kms-denied", "reset", "reset-after", "truncate", "short", "corrupt", "stall", "trickle", "ignore-range",
+ACTIONS = {"503", "500", "kms-denied", "skewed", "no-chunked", "no-conditional", "reset", "reset-after", "truncate", "short", "corrupt", "stall", "trickle", "ignore-range",
            "slow"}
 BODY_ACTIONS = {"reset-after", "truncate", "short", "corrupt", "trickle"}  # need the whole answer first
 TRICKLE, TRICKLE_S = 4, 0.25  # 16 bytes a second: a store that never times out a read and never ends

@@ -15,7 +15,7 @@ from tests.conftest import tiny_recipe
 from tests.integration.conftest import pack_with_big_file
 from warmer import build, fetch, restore
 from warmer.entry import IndexEntry
-from warmer.store import blob_path
+from warmer.store import StoreError, blob_path
 from warmer.store.s3 import S3Store
 
 MiB = 1 << 20
@@ -148,6 +148,30 @@ def test_a_denied_kms_key_is_named_as_s3_names_it(published, s3_url, proxy, node
     got = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url), node_root)
     assert got.status == "miss" and any("not authorized to perform: kms:Decrypt" in w for w in got.warnings), \
         got.warnings
+
+
+def test_a_node_clock_off_is_named_not_blamed_on_iam(published, s3_url, proxy, node_root):
+    """S3 refuses a request signed over 15 minutes off its clock with 403 RequestTimeTooSkewed: the
+    miss said "access denied" and asked for IAM grants; it names the clock."""
+    proxy.inject("skewed", lambda r: r.is_index, times=None)
+    got = fetch.fetch(tiny_recipe(), S3Store(s3_url, endpoint_url=proxy.url), node_root)
+    assert got.status == "miss" and any("this machine's clock is off" in w and "NTP" in w for w in got.warnings), \
+        got.warnings
+    assert not any("grant the credentials" in w for w in got.warnings)
+
+
+@pytest.mark.parametrize("answer, said", [
+    ("no-chunked", "aws-chunked is not supported.): set AWS_REQUEST_CHECKSUM_CALCULATION=when_required"),
+    ("no-conditional", "not implemented): warmer needs S3 conditional writes (If-None-Match)"),
+])
+def test_a_501_says_the_stores_own_words_and_the_fix_that_goes_with_them(artifact, s3_url, proxy, answer, said):
+    """A store answering 501 to the index entry's write was always told it lacks conditional writes:
+    one that refuses boto3's aws-chunked upload encoding (OpenStack Swift's S3 layer) was sent to
+    upgrade the store, where a setting fixes it."""
+    proxy.inject(answer, lambda r: r.method == "PUT" and r.is_index, times=None)
+    with pytest.raises(StoreError) as e:
+        build.publish(S3Store(s3_url, endpoint_url=proxy.url), artifact["artifact"])
+    assert said in str(e.value), str(e.value)
 
 
 def test_a_bucket_in_another_region_is_reached_through_s3s_redirect(artifact, s3_url, proxy, node_root):

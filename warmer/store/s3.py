@@ -4,9 +4,10 @@
 
 The endpoint is boto3's own (AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, the config file) unless
 endpoint_url is given; credentials come only from boto3's default chain and are never printed.
-Blobs go up with boto3's transfer manager (multipart, parallel, with botocore's per-part
-checksums); index entries with a conditional put (If-None-Match: *), so the first publisher
-wins and an entry never changes. Reading one artifact costs a GET of its index entry, a HEAD of
+Blobs go up with boto3's transfer manager (multipart, parallel; botocore's per-part checksums on
+AWS, and elsewhere only where required, as stores outside AWS refuse or keep its aws-chunked
+encoding); index entries with a conditional put (If-None-Match: *), so the first publisher
+wins and an entry never changes. Each write is checked against what the store then holds. Reading one artifact costs a GET of its index entry, a HEAD of
 its blob and the blob's ranged GETs, however many artifacts the bucket holds.
 
 boto3 is imported here only, when an s3:// store is opened: file stores never pay for it.
@@ -19,6 +20,7 @@ import functools
 import os
 import random
 import time
+import urllib.parse
 from contextlib import contextmanager
 
 from warmer.deadline import Deadline, unbounded
@@ -44,6 +46,7 @@ ADDRESSING_ENV = "WARMER_S3_ADDRESSING_STYLE"
 # past the store's deadline; each retry is one line on the "warmer" logger (_Retries). A body
 # cut short mid-stream is asked for again by stream.BlobStream (blobs) or get_index below.
 MAX_ATTEMPTS = 8
+CHECKSUM_ENV = "AWS_REQUEST_CHECKSUM_CALCULATION"
 CONFLICT_ATTEMPTS = 5  # S3 answers 409 to a conditional put racing another one: try again
 
 
@@ -78,6 +81,11 @@ def parse_url(url: str) -> tuple[str, str]:
         raise UsageError(f"store {url!r}: {bucket!r} is not a bucket name: use s3://bucket or s3://bucket/prefix")
     prefix = prefix.strip("/")
     return bucket, f"{prefix}/" if prefix else ""
+
+
+def _on_aws(endpoint: str) -> bool:
+    host = urllib.parse.urlsplit(endpoint).hostname or ""
+    return host.endswith((".amazonaws.com", ".amazonaws.com.cn", ".api.aws"))
 
 
 def _max_attempts() -> int:
@@ -171,7 +179,15 @@ class S3Store(Store):
             max_pool_connections=concurrency + 4,
             s3={"addressing_style": style} if style else None,
         )
-        self._client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        session = boto3.session.Session()
+        self._client = session.client("s3", endpoint_url=endpoint_url, config=config)
+        if not _on_aws(self._endpoint()) and CHECKSUM_ENV not in os.environ:
+            # botocore >= 1.36 wraps uploads in aws-chunked with a CRC32 trailer; S3-compatible
+            # stores refuse that (501) or keep the wrapping in the object. warmer hashes every blob.
+            config = config.merge(
+                Config(request_checksum_calculation="when_required", response_checksum_validation="when_required")
+            )
+            self._client = session.client("s3", endpoint_url=endpoint_url, config=config)
         _Retries(self, attempts).register(self._client)
         cap_malloc_arenas()
         self._transfer = TransferConfig(
@@ -219,6 +235,11 @@ class S3Store(Store):
                     f"bucket {self.bucket} does not exist at {self._endpoint()}: create it, or fix "
                     "the store URL or the endpoint"
                 )
+            if code in ("RequestTimeTooSkewed", "RequestExpired"):
+                return StoreError(
+                    f"{self._endpoint()} refused the request as signed at the wrong time ({code}: "
+                    f"{err.get('Message', '')}): this machine's clock is off; fix its time sync (NTP, chrony)"
+                )
             if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
                 return StoreError(
                     f"{self._endpoint()} rejected the credentials boto3 found ({code}): check "
@@ -240,15 +261,27 @@ class S3Store(Store):
                     "kms:Decrypt (publishers: kms:GenerateDataKey)"
                 )
             if code == "NotImplemented" or status == 501:
+                said = err.get("Message", "")
+                if any(w in said.lower() for w in ("chunk", "checksum", "trailer")):
+                    fix = f"set {CHECKSUM_ENV}=when_required (warmer does for an endpoint outside AWS unless it is set)"
+                else:
+                    fix = "warmer needs S3 conditional writes (If-None-Match) to publish safely; upgrade the store"
                 return StoreError(
-                    f"{self._endpoint()} does not implement what {action} {where} needs ({code}): "
-                    "warmer needs S3 conditional writes (If-None-Match) to publish safely; "
-                    "upgrade the store"
+                    f"{self._endpoint()} does not implement what {action} {where} needs ({code}"
+                    + (f": {said}" if said else "")
+                    + f"): {fix}"
                 )
             tries = e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) + 1
             after = f" after {tries} attempts" if tries > 1 else ""
             return StoreError(f"{action} {where} failed: {code} {err.get('Message', '')}".rstrip() + after)
         return StoreError(f"{action} {where} failed after retries: {e}")
+
+    def _altered(self, key: str, sent: int, stored: int) -> StoreError:
+        return StoreError(
+            f"{self._endpoint()} stored s3://{self.bucket}/{key} as {stored} bytes, not the {sent} sent "
+            "(deleted again): a store that keeps boto3's aws-chunked upload encoding in the object; set "
+            f"{CHECKSUM_ENV}=when_required and publish again"
+        )
 
     @contextmanager
     def _errors(self, action: str, key: str):
@@ -311,9 +344,13 @@ class S3Store(Store):
                     Callback=moved,
                     ExtraArgs={"ContentType": "application/zstd"},
                 )
+                stored = self._client.head_object(Bucket=self.bucket, Key=key)["ContentLength"]
         finally:
             if bar:
                 bar.close()
+        if stored != os.path.getsize(path):
+            self.delete_blob(sha256)
+            raise self._altered(key, os.path.getsize(path), stored)
 
     def stream_blob(self, sha256: str, size: int | None = None) -> BlobStream:
         """Ranged GETs of part_size, concurrency at a time, streamed in order to the reader
@@ -393,7 +430,6 @@ class S3Store(Store):
                     self._client.put_object(
                         Bucket=self.bucket, Key=obj, Body=entry, IfNoneMatch="*", ContentType="application/json"
                     )
-                    return True
                 except ClientError as e:
                     code, status = self._code(e)
                     if code == "PreconditionFailed" or status == 412:
@@ -403,6 +439,12 @@ class S3Store(Store):
                         return retried and self._read_index(rel, len(entry) + 1) == entry
                     if code != "ConditionalRequestConflict" and status != 409:
                         raise
+                else:
+                    stored = self._read_index(rel, len(entry) + 1)
+                    if stored != entry:  # ours, and not what was sent: nodes would refuse it
+                        self._client.delete_object(Bucket=self.bucket, Key=obj)
+                        raise self._altered(obj, len(entry), len(stored or b""))
+                    return True
             time.sleep(random.uniform(0, 0.1 * 2**attempt))
         raise StoreError(
             f"publish s3://{self.bucket}/{obj}: still conflicting with another publisher after "
