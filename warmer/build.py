@@ -43,7 +43,7 @@ from warmer.artifact import Artifact, ComponentSummary, Layer, RecipeRef
 from warmer.atomic import atomic_write
 from warmer.contract import PathContract
 from warmer.deadline import Deadline, unbounded
-from warmer.entry import BlobRef, IndexEntry
+from warmer.entry import BlobRef, EntrySchemaError, IndexEntry
 from warmer.errors import StoreError, UsageError, WarmerError
 from warmer.fingerprint import Fingerprint
 from warmer.recipe import Recipe
@@ -167,6 +167,7 @@ def build(
             + ("already published: nothing to build" if raw is not None else "not published yet")
         )
     if raw is not None:  # whatever the root holds: a job run again on a kept root has nothing to do
+        _readable(store, raw, recipe.name, target.key)
         kept = _kept_signature(store, raw, recipe.name, target.key, signer) if signer else None
         return BuildResult(
             recipe.name, target.key, store.url, "already-published", warnings=warnings + ((kept,) if kept else ())
@@ -543,6 +544,7 @@ def publish(
     store.prepare()
     raw = deadline.call(lambda: store.get_index(name, key), "reading the index entry")
     if raw is not None:
+        _readable(store, raw, name, key)
         kept = _kept_signature(store, raw, name, key, signature.key_id) if signature else None
         said = (*(result.warnings or ()), *((kept,) if kept else ()))
         result = replace(result, published_blob=_blob_named(raw, name, key), warnings=said or None)
@@ -566,6 +568,21 @@ def publish(
     return replace(
         result, blob_uploaded=uploaded, published_blob=winner, removed_own_blob=removed, warnings=said or None
     )
+
+
+def _readable(store: Store, raw: bytes, name: str, key: str) -> None:
+    """A key's entry, found published, that this warmer cannot read is an error, unless another warmer
+    version wrote it (its schema): the key reads as published while every node refuses the entry,
+    and each publish or build run again said `already-published`."""
+    try:
+        IndexEntry.read(raw, name, key)
+    except EntrySchemaError:
+        return
+    except WarmerError as e:
+        raise BuildError(
+            f"recipe {name}, key {key[:16]} is published in {store.url}, but its entry is unreadable ({e}), "
+            f"and every node refuses it: `warmer rm {store.url}/index/{name}/{key} --yes`, then publish again"
+        ) from None
 
 
 def _sidecar_of(path: Path) -> signing.Signature | None:

@@ -259,6 +259,30 @@ def test_a_second_build_on_the_same_root_is_refused_while_the_first_runs(tmp_pat
     assert again.status == "already-published" and engine == ["cold", "verify"]
 
 
+def test_a_published_entry_nodes_cannot_read_fails_publish_and_build(tmp_path, engine, model):
+    """An entry the store altered (an S3-compatible store that kept the upload's encoding in it) or
+    someone edited: every node refuses it, and publish and build said `already-published`, run after
+    run, green. Both fail and name the fix; an entry of another warmer's schema stays theirs."""
+    import json
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    first = build.build(tiny_recipe(str(model)), store, tmp_path / "root", tmp_path / "a")
+    assert first.status == "published" and engine == ["cold", "verify"]
+    entry = store.base / "index" / "tiny" / f"{first.key}.json"
+    good = entry.read_bytes()
+    entry.write_bytes(b"2be\r\n" + good)  # what such a store kept
+    fix = f"`warmer rm {store.url}/index/tiny/{first.key} --yes`, then publish again"
+    with pytest.raises(build.BuildError, match="its entry is unreadable") as e:
+        build.build(tiny_recipe(str(model)), store, tmp_path / "root", tmp_path / "b")
+    assert fix in str(e.value) and engine == ["cold", "verify"]  # refused before any warm-up
+    with pytest.raises(build.BuildError, match="its entry is unreadable") as e:
+        build.publish(store, Path(first.artifact))
+    assert fix in str(e.value)
+
+    entry.write_text(json.dumps({**json.loads(good), "schema": 99}))  # a newer warmer's
+    assert build.publish(store, Path(first.artifact)).status == "already-published"
+
+
 def test_verify_starts_the_engine_with_the_env_the_artifact_is_served_with(tmp_path, engine, model):
     """A build that turned AOT off publishes that in serve_env; fetch and serve pass it on, and so
     must `warmer verify` on a node: with vLLM 0.32's default (AOT on) that start would compile. So
