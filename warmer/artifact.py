@@ -57,6 +57,10 @@ class ArtifactError(InvalidDocument):
     """artifact.json is missing, malformed, or of a schema this warmer does not read."""
 
 
+class ArtifactSchemaError(ArtifactError):
+    """artifact.json of a schema this warmer does not read (written by another warmer version)."""
+
+
 def _layers(f: Fields, components: Mapping[str, Any]) -> tuple[Layer, ...]:
     """artifact.json's layers: one per component it holds, each a frame after the one before it."""
     out: list[Layer] = []
@@ -223,7 +227,7 @@ class Artifact:
             f = Fields(doc, what)
             schema = f.integer("schema")
             if schema != SCHEMA_VERSION:
-                raise ArtifactError(
+                raise ArtifactSchemaError(
                     f"{what} has schema {schema}; this warmer ({__version__}) reads schema "
                     f"{SCHEMA_VERSION}: use the warmer version that built it, or rebuild"
                 )

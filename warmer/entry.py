@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from warmer import artifact, signing
-from warmer.artifact import Artifact, ArtifactError
+from warmer.artifact import Artifact, ArtifactError, ArtifactSchemaError
 from warmer.names import HEX64, MAX_INDEX_BYTES
 from warmer.untrusted import Fields, InvalidDocument
 
@@ -118,6 +118,8 @@ class IndexEntry:
         )
         try:
             art = Artifact.from_json(art_doc, files, f"{where}.artifact")
+        except ArtifactSchemaError as e:
+            raise EntrySchemaError(str(e)) from None
         except ArtifactError as e:
             raise EntryError(str(e)) from None
         found = (f.text("recipe", max_len=100), f.text("key", max_len=64), art.recipe.name, art.key)

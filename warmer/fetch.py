@@ -169,6 +169,8 @@ def choose(
         entry = IndexEntry.read(raw, recipe.name, key, trusted_keys)  # the signature first, then the rest
         del raw  # artifact.json's bytes again (8 MiB at 45,000 files): not held through the download
     except EntrySchemaError as e:
+        if root is not None and _whole_own(Path(root), key, trusted_keys, node):  # as with no entry: kept
+            return Choice(key, "miss", warnings=(f"{e}; {COLD}",))
         return Choice(key, "error", warnings=(f"not activated: {e}",))
     except UntrustedInput as e:  # a bad signature, a malformed entry, or one copied from another slot
         return Choice(key, "untrusted", warnings=(f"not activated: {e}",))

@@ -311,3 +311,24 @@ def test_gc_stops_at_an_index_directory_it_cannot_list_and_deletes_no_blob(packe
         assert blob_file.exists() and store.list_index() == [("tiny", a.artifact.key)]
     finally:
         shutil.rmtree(top)
+
+
+def test_an_entry_of_another_warmers_schema_keeps_a_warm_root_of_the_key(published, tmp_path):
+    """Mid-upgrade, the store holds this key's entry in a schema this warmer cannot read: a root
+    holding the key's whole artifact, intact, is kept (as when the entry is gone), where the fetch
+    said `error` and failed the pod under --require. An entry whose artifact.json is of another
+    schema is a version mismatch too, not `untrusted`."""
+    store, recipe = published["store"], published["recipe"]
+    root = tmp_path / "node"
+    assert fetch.fetch(recipe, store.url, root).status == "hit"
+    entry = store.base / "index" / "tiny" / f"{published['doc'].key}.json"
+    doc = json.loads(entry.read_bytes())
+    for newer in ({**doc, "schema": 3}, {**doc, "artifact": {**doc["artifact"], "schema": 2}}):
+        entry.write_text(json.dumps(newer))
+        kept = fetch.fetch(recipe, store.url, root)
+        assert kept.status == "already-active", kept.warnings
+        assert any("has schema" in w and "this warmer" in w for w in kept.warnings), kept.warnings
+        assert any("intact, is kept: vLLM starts warm" in w for w in kept.warnings), kept.warnings
+        fresh = fetch.fetch(recipe, store.url, tmp_path / f"fresh-{newer['schema']}")
+        assert fresh.status == "error" and any("another warmer version" in w or "use the warmer version" in w
+                                               for w in fresh.warnings), fresh.warnings
