@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from warmer import compat
+from warmer import compat, components
 from warmer.artifact import Artifact, Layer
 from warmer.compat import Decision
 from warmer.deadline import map_on_daemon_threads
@@ -38,9 +38,12 @@ class LayerFit:
     bytes: int
     decided_by: tuple[str, ...]  # the hard and ranged fields of its rule ("recipe" when it enters)
     failed: tuple[Decision, ...]  # the decisions that fail
+    unknown: bool = False  # a component this warmer does not know (a newer warmer's): it never fits
 
     def line(self) -> str:
         """'inductor: NO, gpu.name: built with ..., this node has ...' or 'triton: fits (decided by ...)'."""
+        if self.unknown:
+            return f"{self.component}: NO, a cache this warmer does not know (packed by a newer one: upgrade warmer)"
         if self.fits and compat.layer_rule(self.component).fields == ("*",):
             return f"{self.component}: fits (decided by every field, as for the whole artifact, and the recipe)"
         if self.fits:
@@ -54,6 +57,7 @@ class LayerFit:
             "bytes": self.bytes,
             "decided_by": list(self.decided_by),
             "failed": [d.to_json() for d in self.failed],
+            **({"unknown": True} if self.unknown else {}),
         }
 
 
@@ -62,6 +66,9 @@ def layer_fits(artifact: Artifact, recipe_identity: Mapping[str, Any], node: Fin
     out = []
     for name, summary in artifact.components.items():
         if not summary.files:
+            continue
+        if name not in components.BY_NAME:  # its files, its env: neither is this warmer's to restore or set
+            out.append(LayerFit(name, False, summary.bytes, (), (), unknown=True))
             continue
         rule = compat.layer_rule(name)
         decided = compat.layer_decisions(name, artifact.fingerprint, node, artifact.recipe.identity, recipe_identity)

@@ -190,6 +190,10 @@ def choose(
             if other.status is None:
                 return replace(other, warnings=(*misfit, *other.warnings))
         return part or Choice(key, "misfit", entry, decided, warnings=misfit)
+    if entry.layered and any(not fit.fits for fit in explain.layer_fits(entry.artifact, recipe.identity(), node)):
+        # a layer of a cache a newer warmer packs: the rest is restored, that one compiles from cold
+        part = _part_of(entry, recipe, node, key, decided)
+        return (_at_root(part, root) if part and root is not None else part) or Choice(key, "misfit", entry, decided)
     return Choice(key, None, entry, decided)
 
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, make_cache_tree, tiny_recipe
+from tests.conftest import REPO, make_cache_tree, tiny_recipe, write_tiny_recipe
 from tests.fixtures import nodes
 from tests.unit.test_blob_stream import Store, stream
 from warmer import archive, build, components, fetch, fingerprint, restore
@@ -234,3 +234,49 @@ def test_a_copy_from_a_sibling_that_fails_leaves_nothing_in_the_way_of_the_downl
     assert out.stdout.startswith("error\n") and "File too large" in out.stdout, out.stdout
     assert "File exists" not in out.stdout
     assert restore.active(base / "two") is None and not list(base.glob(".two.staging-*"))
+
+
+NEWER_COMPONENT = '''from warmer.components.base import Component
+COMPONENT = Component(name="deepep", subdir="deepep", env=(("DEEPEP_CACHE_DIR", "deepep"),),
+                      about="a cache a newer warmer packs", relocatable=False,
+                      defaults=(("DEEPEP_CACHE_DIR", "{xdg}/deepep"),))
+ORDER = 95
+COMPONENTS = (COMPONENT,)
+'''
+
+
+def test_a_layer_of_a_cache_only_a_newer_warmer_packs_is_left_out_and_the_rest_restored(tmp_path):
+    """A newer warmer packs one more cache, as a layer of its own: this warmer restored every layer,
+    found that one's files listed under no component it knows, and refused the whole artifact
+    ("not listed in artifact.json"), so every node not yet upgraded started cold. It is left out,
+    said so, and the layers this warmer knows are a partial hit. Packed by this checkout's warmer
+    with that one cache module added, in a process of its own."""
+    newer = tmp_path / "newer"
+    shutil.copytree(REPO / "warmer", newer / "warmer", ignore=shutil.ignore_patterns("__pycache__"))
+    (newer / "warmer" / "components" / "deepep.py").write_text(NEWER_COMPONENT)
+    src = tmp_path / "src"
+    files = make_cache_tree(src)
+    (src / "deepep" / "kernels").mkdir(parents=True)
+    (src / "deepep" / "kernels" / "k.bin").write_bytes(os.urandom(5000))
+    store_url = f"file://{tmp_path / 'store'}"
+    recipe_file = write_tiny_recipe(tmp_path / "tiny.toml")
+    script = ("import sys; from pathlib import Path; from warmer import build, recipe; from warmer.store import "
+              "open_store\nsrc, url, rf, out = sys.argv[1:]\n"
+              "art = build.pack_root(Path(src), recipe.load(Path(rf)), Path(out))\n"
+              "assert 'deepep' in [x.component for x in art.layers], art.layers\n"
+              "print(build.publish(open_store(url), Path(out), layers=True).status)\n")
+    out = subprocess.run([sys.executable, "-c", script, str(src), store_url, str(recipe_file),
+                          str(tmp_path / "a.tar.zst")], cwd=newer, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(newer)})
+    assert out.returncode == 0 and out.stdout.strip() == "published", out.stderr
+
+    root = tmp_path / "node"
+    got = fetch.fetch(tiny_recipe(), store_url, root)
+    assert got.status == restore.PARTIAL, got.warnings
+    assert any("deepep: NO, a cache this warmer does not know" in w for w in got.warnings), got.warnings
+    for rel, data in files.items():
+        assert (root / rel).read_bytes() == data
+    assert not (root / "deepep").exists()
+    again = fetch.fetch(tiny_recipe(), store_url, root)  # a no-op: nothing read again
+    assert again.status in (*restore.ACTIVE, restore.PARTIAL) and again.restore.status == "already-active", \
+        again.warnings
