@@ -296,6 +296,37 @@ def test_the_cli_finds_credentials_where_docker_keeps_them(oci_htpasswd_registry
             assert secret not in out.stdout + out.stderr
 
 
+def test_credentials_are_found_by_a_uid_with_no_home_and_no_passwd_entry(oci_htpasswd_registry, oci_env, artifact,
+                                                                         tmp_path):
+    """`env -i`, cron, an init container run as a bare uid: no HOME, no passwd entry. Looking for
+    ~/.docker raised RuntimeError at the registry's first 401 (ls and publish: a traceback; every
+    fetch: a miss), before REGISTRY_AUTH_FILE was even read."""
+    import tempfile
+
+    reg = oci_htpasswd_registry
+    url = reg.url(reg.repo())
+    top = Path(tempfile.mkdtemp(prefix="warmer-auth-", dir="/tmp"))  # readable by that uid
+    try:
+        top.chmod(0o755)
+        auth_file = top / "auth.json"
+        auth_file.write_text(json.dumps({"auths": {reg.host: {"username": USER, "password": PASSWORD}}}))
+        auth_file.chmod(0o644)
+        if os.geteuid() != 0 or not shutil.which("setpriv"):
+            pytest.skip("needs root and setpriv (util-linux) to run as a uid with no passwd entry")
+        # CAP_DAC_READ_SEARCH alone: that uid reaches this machine's Python (under /root, 0700)
+        bare = ["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", "--inh-caps=+dac_read_search",
+                "--ambient-caps=+dac_read_search"]
+        env = {k: v for k, v in os.environ.items() if k not in ("HOME", "DOCKER_CONFIG")}
+        env.update(REGISTRY_AUTH_FILE=str(auth_file), PYTHONDONTWRITEBYTECODE="1")
+        for argv in (["publish", str(artifact["artifact"]), "--store", url], ["ls", "--store", url]):
+            out = subprocess.run([*bare, sys.executable, "-m", "warmer", *argv], capture_output=True, text=True,
+                                 cwd=REPO, env=env, timeout=120)
+            assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+        assert "1 artifact(s)" in out.stdout
+    finally:
+        shutil.rmtree(top)
+
+
 def test_a_credential_helper_is_asked(oci_htpasswd_registry, oci_env, tmp_path, monkeypatch):
     """credHelpers[registry] names a docker-credential-* program: it is run, and its answer used."""
     reg = oci_htpasswd_registry

@@ -48,8 +48,10 @@ def _auth_files() -> list[Path]:
         files.append(Path(os.environ["REGISTRY_AUTH_FILE"]))
     elif os.environ.get("XDG_RUNTIME_DIR"):
         files.append(Path(os.environ["XDG_RUNTIME_DIR"]) / "containers" / "auth.json")
-    docker = Path(os.environ["DOCKER_CONFIG"]) if os.environ.get("DOCKER_CONFIG") else Path.home() / ".docker"
-    files.append(docker / "config.json")
+    if os.environ.get("DOCKER_CONFIG"):
+        files.append(Path(os.environ["DOCKER_CONFIG"]) / "config.json")
+    elif (home := os.path.expanduser("~")) != "~":  # no HOME and no passwd entry (a bare uid): no ~/.docker
+        files.append(Path(home) / ".docker" / "config.json")
     return files
 
 
