@@ -186,7 +186,7 @@ VOLATILE_VALUE = re.compile(
 )  # an IPv6 address
 
 
-LOOPBACK = re.compile(r"^(127\.[\d.]+|0\.0\.0\.0|::1?|localhost)$", re.I)
+LOOPBACK = re.compile(r"^(127\.[\d.]+|0\.0\.0\.0|::1?|localhost)\Z", re.I)
 
 
 def volatile_env(env: dict[str, str]) -> dict[str, str]:

@@ -28,8 +28,8 @@ from typing import TypeVar, overload
 from warmer.errors import UsageError
 from warmer.untrusted import InvalidDocument
 
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-PLAIN = re.compile(r"^[A-Za-z0-9_./:,@%+=-]*$")  # nothing sh would expand or split
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+PLAIN = re.compile(r"^[A-Za-z0-9_./:,@%+=-]*\Z")  # nothing sh would expand or split
 # What no env value may hold (NUL aside: check_value): control characters but tab and newline,
 # and Unicode's line separators. Never part of a real setting, and not carried: serve and doctor
 # read the file in Python's text mode, which reads \r as a newline. recipe.py refuses them in [env].

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 
-HEX64 = re.compile(r"^[0-9a-f]{64}$")
+HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 # A recipe's name, as recipes spell it; it names store paths too (index/<recipe>/<key>.json).
-NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")  # as the recipe schema spells it (ECMA: no \Z)
 
 # An index entry holds artifact.json (45,000 files take 9.7 MB): one larger is refused unread.
 MAX_INDEX_BYTES = 64 << 20

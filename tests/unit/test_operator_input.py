@@ -44,6 +44,28 @@ def test_a_typo_in_a_node_setting_of_the_store_is_a_usage_error_before_anything_
     assert not (tmp_path / "root").exists()
 
 
+def test_values_from_mounted_files_and_empty_configmap_keys_read_as_operators_mean_them(tmp_path, packed,
+                                                                                         monkeypatch):
+    """WARMER_ROOT and WARMER_STORE read from a mounted Secret or ConfigMap file end in a newline: the
+    fetch restored into a directory named "root\\n" and looked for the store "store\\n" (a miss). A
+    variable set blank (an optional ConfigMap key) is unset, as it is for every other variable: the
+    download window and the OCI settings failed the init container with exit 2."""
+    from warmer.store.oci import client
+
+    store = tmp_path / "store"
+    build.publish(open_store(f"file://{store}"), packed("a").path)
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    env = {**os.environ, "WARMER_ROOT": f"{tmp_path / 'root'}\n", "WARMER_STORE": f"file://{store}\n",
+           "WARMER_FETCH_WINDOW_MIB": "", "WARMER_OCI_MAX_ATTEMPTS": " ", "WARMER_DEADLINE": "60\n",
+           "WARMER_OWNER": ""}
+    out = run_warmer("fetch", recipe, "--require", "--json", env=env)
+    assert out.returncode == 0 and json.loads(out.stdout)["status"] == "hit", out.stderr
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("root")] == ["root"]
+    monkeypatch.setenv(client.ATTEMPTS_ENV, "")
+    monkeypatch.setenv(client.CHUNK_ENV, "\n")
+    assert client._env_int(client.ATTEMPTS_ENV, 8) == 8 and client._env_int(client.CHUNK_ENV, 5) == 5
+
+
 def test_an_env_file_in_a_directory_that_is_not_there_is_a_usage_error_before_the_fetch(tmp_path, packed):
     """`--env-file /run/warmer-typo/vllm.env`: found when the file was written, after the download and
     the restore, it failed the init container (exit 1) on every restart, its root warmed each time."""

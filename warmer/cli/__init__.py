@@ -114,6 +114,12 @@ def write_env(args: argparse.Namespace, env: EnvFile) -> None:
 QUIET_HELP = "print errors only on stderr (no warnings, no progress)"
 
 
+def env_value(name: str) -> str | None:
+    """A variable's value without the whitespace around it (a value read from a mounted Secret or
+    ConfigMap file ends in a newline), or None when unset or blank (an empty ConfigMap key)."""
+    return os.environ.get(name, "").strip() or None
+
+
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -131,7 +137,7 @@ def add_recipe(c: argparse.ArgumentParser) -> None:
 # --store and --root are never required=True in argparse: the env can give them, and argparse's
 # usage line cannot say "this flag or that variable". main() refuses a command that has neither.
 def add_store(c: argparse.ArgumentParser, required: bool = True) -> None:
-    default = os.environ.get("WARMER_STORE")
+    default = env_value("WARMER_STORE")
     c.add_argument(
         "--store",
         default=default,
@@ -149,7 +155,7 @@ def add_root(
     required: bool = True,
     what: str = "the directory vLLM's caches live under (the build's root path)",
 ) -> None:
-    default = os.environ.get("WARMER_ROOT")
+    default = env_value("WARMER_ROOT")
     c.add_argument(
         "--root",
         default=default,
@@ -215,7 +221,7 @@ class _AppendOverEnv(argparse.Action):
 
 
 def add_trust(c: argparse.ArgumentParser, what: str = "only artifacts it signed are restored") -> None:
-    default = [k for k in os.environ.get("WARMER_TRUSTED_KEY", "").split(os.pathsep) if k] or None
+    default = [k.strip() for k in (env_value("WARMER_TRUSTED_KEY") or "").split(os.pathsep) if k.strip()] or None
     c.add_argument(
         "--trusted-key",
         action=_AppendOverEnv,
@@ -227,7 +233,7 @@ def add_trust(c: argparse.ArgumentParser, what: str = "only artifacts it signed 
 
 
 def add_deadline(c: argparse.ArgumentParser, default: float | None, what: str) -> None:
-    env = os.environ.get(api.DEADLINE_ENV)
+    env = env_value(api.DEADLINE_ENV)
     # A string default goes through type= as a flag would: a bad value is a usage error, not a traceback.
     c.add_argument(
         "--deadline",
@@ -243,7 +249,7 @@ def add_owner(c: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--owner",
         type=_owner,
-        default=os.environ.get("WARMER_OWNER") or None,
+        default=env_value("WARMER_OWNER"),
         metavar="UID:GID",
         help="hand the restored root to this user (run as root): vLLM, which writes lock and "
         f"temporary files into it even on a full hit, runs as UID (env WARMER_OWNER{env_now('WARMER_OWNER')})",

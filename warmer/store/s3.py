@@ -168,7 +168,7 @@ class S3Store(Store):
         self.progress = progress
         self.deadline = deadline or unbounded()
 
-        style = "path" if path_style else os.environ.get(ADDRESSING_ENV) or None
+        style = "path" if path_style else (os.environ.get(ADDRESSING_ENV) or "").strip() or None
         if style not in (None, "auto", "virtual", "path"):
             raise UsageError(f"{ADDRESSING_ENV}={style!r}: use path, virtual or auto")
         attempts = _max_attempts()

@@ -103,8 +103,8 @@ OpenRange = Callable[[int, int], Answer]
 def window_from_env() -> int:
     """The node's download window: the operator's setting, so a typo is a UsageError (open_store asks
     first, before anything is read: raised inside a restore it was a miss on every fetch)."""
-    raw = os.environ.get(WINDOW_ENV)
-    if raw is None:
+    raw = os.environ.get(WINDOW_ENV, "").strip()
+    if not raw:  # unset, or set blank (an empty ConfigMap key): the default, as for every other variable
         return WINDOW_BYTES
     if not raw.isdigit() or int(raw) < 1:
         raise UsageError(f"{WINDOW_ENV}={raw!r}: give a whole number of MiB, at least 1 (e.g. {WINDOW_ENV}=64)")

@@ -38,8 +38,8 @@ CHUNK_ENV, ATTEMPTS_ENV = "WARMER_OCI_CHUNK_MIB", "WARMER_OCI_MAX_ATTEMPTS"
 
 
 def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:  # unset, or set blank (an empty ConfigMap key): the default, as for every other variable
         return default
     try:
         value = int(raw)

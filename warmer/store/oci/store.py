@@ -59,14 +59,14 @@ ANN_TITLE = "org.opencontainers.image.title"
 ENTRY_FIELDS = ("schema", "recipe", "key", "blob", "artifact", "signature", "published_at")
 LAYERED_SCHEMA = 2  # warmer.entry.LAYERED_SCHEMA: no "blob"; its blobs are artifact.json's layers
 LAYER_FIELDS = frozenset(("component", "key", "sha256", "size", "offset"))
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}\Z")
 
-TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
-INDEX_TAG = re.compile(r"^(?P<recipe>[a-z0-9][a-z0-9._-]{0,99})--(?P<key16>[0-9a-f]{16})$")
+TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\Z")
+INDEX_TAG = re.compile(r"^(?P<recipe>[a-z0-9][a-z0-9._-]{0,99})--(?P<key16>[0-9a-f]{16})\Z")
 AUDIT_PREFIX = "_audit."
 REPO_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-REPOSITORY = re.compile(rf"^{REPO_PART}(?:/{REPO_PART})*$")
-HOST = re.compile(r"^(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::[0-9]{1,5})?$")
+REPOSITORY = re.compile(rf"^{REPO_PART}(?:/{REPO_PART})*\Z")
+HOST = re.compile(r"^(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::[0-9]{1,5})?\Z")
 
 # After tagging, a publisher reads the tag back twice: at once, and again after this long (or
 # twice its own HEAD-to-read-back time, when longer), so that a racer whose HEAD also found the
