@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
 import sys
 import uuid
@@ -43,7 +44,18 @@ def atomic_write(path: str | os.PathLike, mode: int = 0o644, durable: bool = Tru
             f.flush()
             if durable:
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                raise
+            # path is a mount point (a file bind-mounted into a container): it is written, never replaced
+            with open(tmp, "rb") as src, _open_in_place(path) as dst:
+                shutil.copyfileobj(src, dst)
+                dst.flush()
+                if durable:
+                    os.fsync(dst.fileno())
+            tmp.unlink()
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise _naming(e, tmp, path) from None

@@ -168,3 +168,27 @@ def test_a_value_that_is_not_utf8_is_refused_naming_it():
     restore; it is refused when the env is rendered, which fetch does before it fetches."""
     with pytest.raises(EnvFileError, match="env A is not UTF-8 text"):
         EnvFile.of({"A": "/cache/caf\udce9/vllm"}).render("shell")
+
+
+def test_an_env_file_bind_mounted_on_its_own_is_written_into(tmp_path, packed):
+    """`docker run -v ./vllm.env:/out/vllm.env … --env-file /out/vllm.env`: a file that is a mount
+    point cannot be replaced by a rename (EBUSY). The restore succeeded, then the command failed with
+    exit 1, blaming the directory. The file is written into instead."""
+    from tests.conftest import REPO
+
+    host = tmp_path / "host.env"
+    host.write_text("# the host's, before\n")
+    inside = tmp_path / "out" / "vllm.env"
+    inside.parent.mkdir()
+    inside.write_text("")
+    if subprocess.run(["mount", "--bind", str(host), str(inside)], capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount a file here (needs root)")
+    try:
+        out = subprocess.run([sys.executable, "-m", "warmer", "restore", str(packed("a").path), "--root",
+                              str(tmp_path / "root"), "--env-file", str(inside)], capture_output=True, text=True,
+                             cwd=REPO, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert read_back(host)["VLLM_CACHE_ROOT"] == str(tmp_path / "root" / "vllm")  # seen on the host side
+        assert not list(inside.parent.glob(".vllm.env.*.tmp"))
+    finally:
+        subprocess.run(["umount", "-l", str(inside)], check=False)
