@@ -679,6 +679,7 @@ class RestoreResult:
     archive_bytes: int | None = None  # what was read from the store (0 for a layer found on the node)
     # Layers taken from this node (another root, the shared FlashInfer workspace), not downloaded.
     reused: tuple[str, ...] | None = None
+    replaced_recipe: str | None = None  # the other recipe whose artifact the root held: one root, two models
 
     def to_json(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items() if v is not None}
@@ -757,6 +758,7 @@ def restore(
             why = None if force or marker else _replaceable(root)
             if why:
                 raise not_activated(root, why)
+            other = marker.artifact.recipe.name if marker and marker.artifact.recipe.name != art.recipe.name else None
             need = (  # a partial hit of a layered artifact reads its components' layers alone
                 sum(c.bytes for name, c in art.components.items() if name in components)
                 if components is not None and open_layer is not None and art.layers
@@ -821,6 +823,7 @@ def restore(
         got.bytes,
         got.archive_bytes,
         reused or None,
+        other,
     )
 
 
@@ -896,6 +899,12 @@ def activate(
         try:
             restored = restore(art, open_archive, root, owner=owner, **options)
             status = "hit" if restored.status == "restored" else restored.status
+            if restored.replaced_recipe:
+                warnings.append(
+                    f"{root} held recipe {restored.replaced_recipe}'s artifact, now replaced by recipe {art.recipe.name}'s: "
+                    "give each served model a root of its own (--root-base), or every start of one replaces the "
+                    "other's cache under it"
+                )
             if options.get("components") is not None:
                 status = PARTIAL
         except (KeyboardInterrupt, SystemExit, Terminated, UsageError):

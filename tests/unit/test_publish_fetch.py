@@ -332,3 +332,22 @@ def test_an_entry_of_another_warmers_schema_keeps_a_warm_root_of_the_key(publish
         fresh = fetch.fetch(recipe, store.url, tmp_path / f"fresh-{newer['schema']}")
         assert fresh.status == "error" and any("another warmer version" in w or "use the warmer version" in w
                                                for w in fresh.warnings), fresh.warnings
+
+
+def test_two_recipes_given_one_root_are_told_each_replaces_the_other(published, tmp_path):
+    """Two served models given the same --root: each fetch swapped the other's cache out from under
+    its vLLM, downloading it again every start, and both said `hit`."""
+    from dataclasses import replace as with_
+
+    other = with_(tiny_recipe(), name="other")
+    art = tmp_path / "other.tar.zst"
+    build.pack_root(published["source"], other, art)
+    store = published["store"]
+    build.publish(store, art)
+    root = tmp_path / "node"
+    first = fetch.fetch(published["recipe"], store.url, root)
+    assert first.status == "hit" and not any("replaced by recipe" in w for w in first.warnings), first.warnings
+    second = fetch.fetch(other, store.url, root)
+    assert second.status == "hit", second.warnings
+    assert any(f"{root} held recipe tiny's artifact, now replaced by recipe other's" in w and "a root of its own" in w
+               for w in second.warnings), second.warnings
