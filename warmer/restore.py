@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -827,6 +827,11 @@ def restore(
     )
 
 
+# An active artifact created further ahead than this of the node's clock was built on a machine whose
+# clock ran ahead: every rebuild would be refused as older until that time came (README: rm and rebuild).
+CLOCK_SLACK = timedelta(minutes=10)
+
+
 def _rolls_back(
     offered: Artifact, signature: signing.Signature | None, marker: Marker, root: Path, trusted_keys
 ) -> str | None:
@@ -837,6 +842,8 @@ def _rolls_back(
         return None
     a, b = offered.created(), active.created()
     if a is None or b is None or a > b:
+        return None
+    if b > datetime.now(UTC) + CLOCK_SLACK:  # its builder's clock ran ahead: its date orders nothing
         return None
     older = f"created {offered.created_at}"
     if a == b:  # SOURCE_DATE_EPOCH dates every build of one commit alike: when the key signed each decides

@@ -253,6 +253,30 @@ def test_a_rollback_to_an_older_signed_build_of_the_same_key_is_refused(packed, 
     assert restore.active(node).artifact.created_at.startswith("2099")
 
 
+def test_a_rebuild_replaces_a_build_whose_builders_clock_ran_ahead(packed, tmp_path):
+    """A bad build from a machine whose clock ran hours ahead: the README's way off it (`warmer rm`,
+    build again) was refused on every node holding it as a rollback, until that hour came. A date
+    ahead of the node's clock orders nothing; one within the slack still does."""
+    from datetime import UTC, datetime, timedelta
+
+    keys = _keypair(tmp_path, "builder")
+    store, p, _ = _publish(packed, tmp_path, key_pair=keys)
+    node = tmp_path / "node"
+    ahead = open_store(f"file://{tmp_path / 'ahead-store'}")
+    later = (datetime.now(UTC) + timedelta(hours=3)).isoformat(timespec="seconds")
+    build.publish(ahead, _older_copy(p, tmp_path, later, "ahead"), str(keys[0]))
+    assert fetch.fetch(tiny_recipe(), ahead, node, trusted_keys=[keys[1]]).status == "hit"
+    rebuilt = fetch.fetch(tiny_recipe(), store, node, trusted_keys=[keys[1]])  # created now, by a right clock
+    assert rebuilt.status == "hit", rebuilt.warnings
+    assert restore.active(node).artifact.timings["build"]["name"] == "a"
+
+    soon = open_store(f"file://{tmp_path / 'soon-store'}")  # a minute ahead: within the slack, still ordered
+    build.publish(soon, _older_copy(p, tmp_path, (datetime.now(UTC) + timedelta(minutes=1)).isoformat(), "soon"),
+                  str(keys[0]))
+    assert fetch.fetch(tiny_recipe(), soon, node, trusted_keys=[keys[1]]).status == "hit"
+    assert fetch.fetch(tiny_recipe(), store, node, trusted_keys=[keys[1]]).status == "rollback"
+
+
 def test_a_rollback_between_builds_dated_alike_by_source_date_epoch_is_refused(packed, tmp_path):
     """SOURCE_DATE_EPOCH gives a bad build and its rebuild from one commit the same created_at:
     when the key signed each orders them, so the bad one cannot be put back over the rebuild."""
