@@ -309,6 +309,13 @@ def test_gc_stops_at_an_index_directory_it_cannot_list_and_deletes_no_blob(packe
             assert out.returncode != 0 and f"cannot list {index}" in out.stderr, (argv, out.stdout, out.stderr)
             assert "chmod -R a+rX" in out.stderr and "Traceback" not in out.stderr, out.stderr
         assert blob_file.exists() and store.list_index() == [("tiny", a.artifact.key)]
+
+        # A directory warmer never writes (ext4's lost+found at the top of a dedicated disk) stops nothing.
+        index.chmod(0o755)
+        (top / "store" / "lost+found").mkdir(mode=0o700)
+        out = subprocess.run([sys.executable, "-c", script, "gc", "--store", store.url, "--keep", "1"],
+                             capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert out.returncode == 0 and blob_file.exists(), out.stderr
     finally:
         shutil.rmtree(top)
 

@@ -185,7 +185,9 @@ class FileStore(Store):
         artifact's bytes each, under a name no listing shows."""
         self._must_exist()
         out = []
-        for top, _, files in os.walk(self.base, onerror=_unlistable):
+        # where _create_once writes: not the rest of the directory (lost+found, someone's own files)
+        walks = (os.walk(self.base / d, onerror=_unlistable) for d in ("index", "blobs", "audit"))
+        for top, _, files in (found for walk in walks for found in walk):
             for name in sorted(files):
                 f = Path(top, name)
                 st = _lstat(f) if name.startswith(INCOMING) else None
