@@ -477,6 +477,17 @@ def diagnose(
     findings += _flashinfer(env, mounts, resolve, can_write, flashinfer_installed)
     findings += _per_pod_env(env, set(hostnames) | {env.get("HOSTNAME", "")})
     if root:
+        if any(m.mount_point == resolve(str(root)) for m in mounts):
+            findings.append(  # fetch and build refuse it (restore.check_root): said before the pod fails
+                Finding(
+                    ERROR,
+                    "root",
+                    str(root),
+                    f"the root {root} is a mount point: a restore builds the new root beside it and renames it "
+                    "into place, which a mount point refuses, so fetch and build stop with a usage error",
+                    f"mount the volume one level up (at {root.parent}, say) and keep {root} as a directory in it",
+                )
+            )
         findings += _artifact(env, root, marker, recipe, node, exists, trusted_keys)
         if can_write is not None and root.is_dir():  # this machine's files, not a saved sample's
             findings += _ownership(root, owner, marker is not None)

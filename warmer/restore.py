@@ -41,6 +41,7 @@ from warmer.artifact import Artifact, ArtifactError, Layer
 from warmer.deadline import Deadline, DeadlineExceeded
 from warmer.errors import Terminated, UsageError, WarmerError
 from warmer.fingerprint import Fingerprint
+from warmer.mounts import parse_mountinfo
 from warmer.store import BlobCorrupt, BlobStream, StoreError
 from warmer.store.progress import Progress
 from warmer.untrusted import Fields, InvalidDocument, load_json
@@ -474,9 +475,20 @@ def check_root(root: Path) -> Path:
         )
     if root.exists() and not root.is_dir():
         raise UsageError(f"root {root} exists and is not a directory: choose a directory")
-    if os.path.ismount(root):
+    if _mount_point_at(root):
         raise UsageError(_mount_point(root))
     return root
+
+
+def _mount_point_at(root: Path) -> bool:
+    """Whether something is mounted at root, as the mount table says (os.path.ismount takes a btrfs
+    subvolume for one: a directory that renames like any other). No /proc: the swap's EBUSY says it."""
+    try:
+        table = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return False
+    real = os.path.realpath(root)
+    return any(m.mount_point == real for m in parse_mountinfo(table))
 
 
 def _mount_point(root: Path) -> str:
@@ -661,8 +673,13 @@ def _os_error(e: OSError, root: Path) -> RestoreError:
         fix = f"run as a user who may write to {root.parent}, or choose a writable root"
     elif e.errno == errno.EROFS:
         fix = "the filesystem is read-only: choose a root on a writable volume"
-    elif e.errno in (errno.EBUSY, errno.EXDEV):  # a mount os.path.ismount does not see (a bind of the same fs)
+    elif e.errno == errno.EBUSY:  # a mount point the mount table did not show (no /proc)
         return not_activated(root, f"{e.strerror} ({where}): {_mount_point(root)}")
+    elif e.errno == errno.EXDEV:
+        fix = (
+            f"{root} cannot be renamed within {root.parent}: it is on another filesystem, or in an overlay's "
+            "lower layer (a directory baked into the image); give a root in a directory of a volume"
+        )
     else:
         fix = "see the error above"
     return not_activated(root, f"{e.strerror or e} ({where}): {fix}")

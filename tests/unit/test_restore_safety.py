@@ -272,16 +272,38 @@ def test_a_root_that_is_a_mount_point_is_refused_with_its_fix(tmp_path, small_fs
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 2 and "is a mount point" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
-    # A bind mount within one filesystem, which os.path.ismount cannot tell: the swap's EBUSY says the same.
+    # A bind mount within one filesystem (os.path.ismount cannot tell it): the mount table can.
     bound = tmp_path / "bound"
     restore.restore_file(path, bound)
     subprocess.run(["mount", "--bind", str(bound), str(bound)], check=True)
     try:
-        with pytest.raises(restore.RestoreError, match="is a mount point: a restore builds the new root beside it"):
+        with pytest.raises(UsageError, match=f"root {bound} is a mount point"):
             restore.restore_file(packed("B").path, bound)
         assert assert_complete(bound) == "A"  # the previous cache, as it was
     finally:
         subprocess.run(["umount", "-l", str(bound)], check=False)
+
+
+def test_a_root_in_an_overlays_lower_layer_is_said_so(tmp_path, packed):
+    """A root baked into an image (an overlay's lower layer, which Docker's overlay2 cannot rename:
+    EXDEV) was blamed on "see the error above", then on a mount point that was not there."""
+    lower, upper, work, merged = (tmp_path / n for n in ("lower", "upper", "work", "merged"))
+    for d in (upper, work, merged):
+        d.mkdir()
+    restore.restore_file(packed("A").path, lower / "cache" / "tiny")
+    options = f"lowerdir={lower},upperdir={upper},workdir={work},redirect_dir=off"
+    res = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount an overlay here: {res.stderr.decode().strip()}")
+    try:
+        root = merged / "cache" / "tiny"
+        with pytest.raises(restore.RestoreError) as e:
+            restore.restore_file(packed("B").path, root, force=True)
+        assert "in an overlay's lower layer (a directory baked into the image)" in str(e.value), str(e.value)
+        assert "is a mount point" not in str(e.value)
+        assert assert_complete(root) == "A"
+    finally:
+        subprocess.run(["umount", "-l", str(merged)], check=False)
 
 
 def test_a_root_whose_name_holds_glob_characters_leaves_other_roots_staging_alone(tmp_path, packed):
