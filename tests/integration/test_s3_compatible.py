@@ -110,3 +110,24 @@ def test_a_store_that_keeps_the_upload_encoding_is_named_with_the_setting_that_f
     got = run_warmer("fetch", write_tiny_recipe(tmp_path / "tiny.toml"), "--store", url, "--root", tmp_path / "node",
                      "--require", env=fixed)
     assert got.returncode == 0 and "hit" in got.stderr, got.stderr
+
+
+def test_blank_checksum_settings_are_unset_not_a_traceback(s3rver_tls, packed, tmp_path, monkeypatch):
+    """An empty ConfigMap key sets AWS_REQUEST_CHECKSUM_CALCULATION="": botocore refused it with a
+    traceback, and the init container failed where it would have started cold. Blank is unset, as
+    for warmer's own variables: outside AWS, checksums where required; at AWS, botocore's default."""
+    endpoint, cert, _ = s3rver_tls
+    env = _env(endpoint, cert, tmp_path, AWS_REQUEST_CHECKSUM_CALCULATION="", AWS_RESPONSE_CHECKSUM_VALIDATION=" ")
+    a = packed("a")
+    url = f"s3://{BUCKET}/blank"
+    out = run_warmer("publish", a.path, "--store", url, env=env)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    got = run_warmer("fetch", write_tiny_recipe(tmp_path / "tiny.toml"), "--store", url, "--root", tmp_path / "node",
+                     "--require", env=env)
+    assert got.returncode == 0 and "hit" in got.stderr, got.stderr
+
+    from warmer.store.s3 import S3Store
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    at_aws = S3Store("s3://bucket/fleet", endpoint_url="https://s3.us-east-1.amazonaws.com")
+    assert at_aws._client.meta.config.request_checksum_calculation == "when_supported"

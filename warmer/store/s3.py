@@ -46,7 +46,12 @@ ADDRESSING_ENV = "WARMER_S3_ADDRESSING_STYLE"
 # past the store's deadline; each retry is one line on the "warmer" logger (_Retries). A body
 # cut short mid-stream is asked for again by stream.BlobStream (blobs) or get_index below.
 MAX_ATTEMPTS = 8
-CHECKSUM_ENV = "AWS_REQUEST_CHECKSUM_CALCULATION"
+# botocore's settings of its checksums (Config parameter: environment variable)
+CHECKSUM_ENV = {
+    "request_checksum_calculation": "AWS_REQUEST_CHECKSUM_CALCULATION",
+    "response_checksum_validation": "AWS_RESPONSE_CHECKSUM_VALIDATION",
+}
+REQUEST_CHECKSUM_ENV = CHECKSUM_ENV["request_checksum_calculation"]
 CONFLICT_ATTEMPTS = 5  # S3 answers 409 to a conditional put racing another one: try again
 
 
@@ -180,13 +185,14 @@ class S3Store(Store):
             s3={"addressing_style": style} if style else None,
         )
         session = boto3.session.Session()
-        self._client = session.client("s3", endpoint_url=endpoint_url, config=config)
-        if not _on_aws(self._endpoint()) and CHECKSUM_ENV not in os.environ:
+        # botocore refuses a blank one (an empty ConfigMap key) with a traceback: unset, as ours are
+        unset = [param for param, var in CHECKSUM_ENV.items() if not os.environ.get(var, "").strip()]
+        blank = {param: "when_supported" for param in unset if CHECKSUM_ENV[param] in os.environ}
+        self._client = session.client("s3", endpoint_url=endpoint_url, config=config.merge(Config(**blank)))
+        if unset and not _on_aws(self._endpoint()):
             # botocore >= 1.36 wraps uploads in aws-chunked with a CRC32 trailer; S3-compatible
             # stores refuse that (501) or keep the wrapping in the object. warmer hashes every blob.
-            config = config.merge(
-                Config(request_checksum_calculation="when_required", response_checksum_validation="when_required")
-            )
+            config = config.merge(Config(**{param: "when_required" for param in unset}))
             self._client = session.client("s3", endpoint_url=endpoint_url, config=config)
         _Retries(self, attempts).register(self._client)
         cap_malloc_arenas()
@@ -263,7 +269,7 @@ class S3Store(Store):
             if code == "NotImplemented" or status == 501:
                 said = err.get("Message", "")
                 if any(w in said.lower() for w in ("chunk", "checksum", "trailer")):
-                    fix = f"set {CHECKSUM_ENV}=when_required (warmer does for an endpoint outside AWS unless it is set)"
+                    fix = f"set {REQUEST_CHECKSUM_ENV}=when_required (warmer does for an endpoint outside AWS unless it is set)"
                 else:
                     fix = "warmer needs S3 conditional writes (If-None-Match) to publish safely; upgrade the store"
                 return StoreError(
@@ -280,7 +286,7 @@ class S3Store(Store):
         return StoreError(
             f"{self._endpoint()} stored s3://{self.bucket}/{key} as {stored} bytes, not the {sent} sent "
             "(deleted again): a store that keeps boto3's aws-chunked upload encoding in the object; set "
-            f"{CHECKSUM_ENV}=when_required and publish again"
+            f"{REQUEST_CHECKSUM_ENV}=when_required and publish again"
         )
 
     @contextmanager
