@@ -198,10 +198,13 @@ def candidate(entry: IndexEntry, recipe: Recipe, node: Fingerprint, node_key: st
     decided = compat.recipe_decisions(art.recipe.identity, recipe.identity())
     decided += compat.decisions(art.fingerprint, node, recipe.identity())
     failed = [d for d in decided if not d.ok]
+    layers = layer_fits(art, recipe.identity(), node)
+    # a layer of a cache only a newer warmer packs: fetch restores the others (a partial hit)
+    unknown = entry.layered and any(layer.unknown for layer in layers)
     return Candidate(
         key=entry.key,
         exact=entry.key == node_key,
-        accepted=not failed and not compat.unfit_reasons(node),
+        accepted=not failed and not unknown and not compat.unfit_reasons(node),
         failed_hard=tuple(d.field for d in failed if d.kind == compat.HARD),
         failed_ranged=tuple(d.field for d in failed if d.kind == compat.RANGED),
         advisory_differences=tuple(d.field for d in decided if d.kind == compat.ADVISORY and d.built != d.node),
@@ -209,7 +212,7 @@ def candidate(entry: IndexEntry, recipe: Recipe, node: Fingerprint, node_key: st
         blob=entry.blob,
         built_on=art.fingerprint.describe(),
         decisions=tuple(decided),
-        layers=layer_fits(art, recipe.identity(), node),
+        layers=layers,
         stored_layers=art.layers if entry.layered else (),
     )
 

@@ -277,6 +277,9 @@ def test_a_layer_of_a_cache_only_a_newer_warmer_packs_is_left_out_and_the_rest_r
     for rel, data in files.items():
         assert (root / rel).read_bytes() == data
     assert not (root / "deepep").exists()
+    from warmer import api
+    [c] = api.explain(tiny_recipe(), store_url).candidates  # what a pre-flight check reads agrees
+    assert not c.accepted and set(c.partial) == set(got.components) and "deepep" not in c.partial
     again = fetch.fetch(tiny_recipe(), store_url, root)  # a no-op: nothing read again
     assert again.status in (*restore.ACTIVE, restore.PARTIAL) and again.restore.status == "already-active", \
         again.warnings
