@@ -271,17 +271,20 @@ def fetch_all(
     )
 
 
-def write_fetch_metrics(path: PathLike, outcomes: list[fleet.Outcome]) -> None:
-    """node_exporter textfile-collector metrics of fetch outcomes, replaced whole."""
+def write_fetch_metrics(path: PathLike, outcomes: list[fleet.Outcome], ran: bool = True) -> None:
+    """node_exporter textfile-collector metrics of fetch outcomes, replaced whole; ran=False: the run
+    failed as a whole, and no recipe's outcome is known."""
     from warmer import fleet
 
-    fleet.write_metrics(Path(path), outcomes)
+    fleet.write_metrics(Path(path), outcomes, ran)
 
 
-def local_roots(root_base: PathLike) -> list[fleet.LocalRoot]:
+def local_roots(root_base: PathLike, *, deadline: float | None = DEFAULT_DEADLINE_S) -> list[fleet.LocalRoot]:
+    """The roots under root_base, each judged against this node, whose probe ends by the deadline
+    (a wedged driver's NVML answers never)."""
     from warmer import fleet
 
-    return fleet.local_roots(Path(root_base))
+    return fleet.local_roots(Path(root_base), Deadline(deadline, "ls --root-base"))
 
 
 def restore(

@@ -178,11 +178,7 @@ def _unlisted(root_base: Path, listed: set[str]) -> list[Outcome]:
     out = []
     for d in dirs:
         marker = restore.active(d)
-        try:
-            ours = marker is not None or (d.is_dir() and not d.is_symlink() and (d / restore.PREPARED).is_file())
-        except OSError:  # a folder this user cannot enter (lost+found): not a root of warmer's
-            ours = False
-        if not ours:
+        if not _a_root(d, marker):
             continue
         held = f"{marker.bytes_held / 1e6:.0f} MB active" if marker else "no artifact active"
         why = f"no manifest names it any more: its root stays ({held}); remove it (`rm -rf {d}`) once no pod serves it"
@@ -190,31 +186,69 @@ def _unlisted(root_base: Path, listed: set[str]) -> list[Outcome]:
     return out
 
 
-def metrics(outcomes: list[Outcome]) -> str:
-    """node_exporter textfile-collector metrics (Prometheus text format) of fetch outcomes."""
+def _a_root(d: Path, marker: restore.Marker | None) -> bool:
+    """Whether d is a root of warmer's: one holding an artifact, or prepared for a cold start."""
+    try:
+        return marker is not None or (d.is_dir() and not d.is_symlink() and (d / restore.PREPARED).is_file())
+    except OSError:  # a folder this user cannot enter (lost+found): not a root of warmer's
+        return False
+
+
+def metrics(outcomes: list[Outcome], ran: bool = True) -> str:
+    """node_exporter textfile-collector metrics (Prometheus text format) of fetch outcomes, each
+    family's lines together. ran=False: the run itself failed (its probe, its catalogue, its store
+    URL): no recipe's outcome is known, and a success of 0 says so where the last run's would linger."""
     statuses = (*fetch.STATUSES, "bad-recipe", "bad-root")
-    lines = [
-        "# HELP warmer_fetch_seconds Seconds the last warmer fetch of a recipe took.",
-        "# TYPE warmer_fetch_seconds gauge",
-        "# HELP warmer_artifact_bytes Bytes of cache the artifact active for a recipe holds (0: none).",
-        "# TYPE warmer_artifact_bytes gauge",
-        "# HELP warmer_fetch_status 1 for the outcome of the last warmer fetch of a recipe, 0 for the others.",
-        "# TYPE warmer_fetch_status gauge",
+    shown = [o for o in outcomes if o.status != "skipped"]
+
+    def label(o: Outcome) -> str:  # a file name that is not UTF-8 is said in escapes, not a crash
+        text = o.recipe.encode("utf-8", "backslashreplace").decode()
+        return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    def held(o: Outcome) -> int:  # what vLLM is pointed at: a held artifact the fetch refused counts 0
+        marker = restore.active(Path(o.root)) if o.status in (*restore.ACTIVE, restore.PARTIAL) else None
+        return marker.bytes_held if marker else 0
+
+    families = [
+        (
+            "warmer_fetch_run_success",
+            "1 when the last warmer fetch run ended, 0 when it failed as a whole.",
+            [f"warmer_fetch_run_success {int(ran)}"],
+        ),
+        (
+            "warmer_fetch_last_run_timestamp_seconds",
+            "When the last warmer fetch run ended (Unix time).",
+            [f"warmer_fetch_last_run_timestamp_seconds {time.time():.0f}"],
+        ),
+        (
+            "warmer_fetch_seconds",
+            "Seconds the last warmer fetch of a recipe took.",
+            [f'warmer_fetch_seconds{{recipe="{label(o)}"}} {o.seconds:.3f}' for o in shown],
+        ),
+        (
+            "warmer_artifact_bytes",
+            "Bytes of cache the artifact vLLM is pointed at for a recipe holds (0: none).",
+            [f'warmer_artifact_bytes{{recipe="{label(o)}"}} {held(o)}' for o in shown],
+        ),
+        (
+            "warmer_fetch_status",
+            "1 for the outcome of the last warmer fetch of a recipe, 0 for the others.",
+            [
+                f'warmer_fetch_status{{recipe="{label(o)}",status="{s}"}} {int(o.status == s)}'
+                for o in shown
+                for s in statuses
+            ],
+        ),
     ]
-    for o in outcomes:
-        if o.status == "skipped":
-            continue
-        label = o.recipe.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-        marker = restore.active(Path(o.root)) if o.result is not None else None
-        lines.append(f'warmer_fetch_seconds{{recipe="{label}"}} {o.seconds:.3f}')
-        lines.append(f'warmer_artifact_bytes{{recipe="{label}"}} {marker.bytes_held if marker else 0}')
-        lines += [f'warmer_fetch_status{{recipe="{label}",status="{s}"}} {int(o.status == s)}' for s in statuses]
+    lines = []
+    for name, about, samples in families:
+        lines += [f"# HELP {name} {about}", f"# TYPE {name} gauge", *samples]
     return "\n".join(lines) + "\n"
 
 
-def write_metrics(path: Path, outcomes: list[Outcome]) -> None:
+def write_metrics(path: Path, outcomes: list[Outcome], ran: bool = True) -> None:
     # The collector reads *.prom files whenever it scrapes: replace the file whole, never partly.
-    write_bytes(path, metrics(outcomes).encode())
+    write_bytes(path, metrics(outcomes, ran).encode())
 
 
 @dataclass(frozen=True)
@@ -233,14 +267,18 @@ class LocalRoot:
         return {**vars(self), "why_not": list(self.why_not)}
 
 
-def local_roots(root_base: Path) -> list[LocalRoot]:
+def local_roots(root_base: Path, deadline: Deadline | None = None) -> list[LocalRoot]:
     """Every root under root_base (one per recipe), active or not."""
     from warmer import compat
 
-    node = fingerprint.probe()
+    node = (deadline or Deadline(what="ls --root-base")).call(
+        fingerprint.probe, "probing this node's GPUs and libraries"
+    )
     out = []
     for d in sorted(p for p in Path(root_base).iterdir() if p.is_dir() and not p.name.startswith(".")):
         marker = restore.active(d)
+        if not _a_root(d, marker):  # lost+found, someone's own directory
+            continue
         if marker is None:
             out.append(LocalRoot(d.name, str(d), None, 0, None, None))
             continue

@@ -212,6 +212,7 @@ def test_ls_takes_the_recipe_file_as_everywhere_else(tmp_path, store_with_one):
 def test_ls_root_base_shows_each_root(tmp_path, packed):
     base = tmp_path / "cache"
     restore.restore_file(packed("a").path, base / "tiny")
+    (base / "lost+found").mkdir()  # a dedicated disk's, not a root: not listed as one
     out = run_warmer("ls", "--root-base", base)
     assert out.returncode == 0, out.stderr
     header, row = out.stdout.splitlines()

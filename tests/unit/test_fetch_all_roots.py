@@ -125,3 +125,69 @@ def test_a_folder_under_the_root_base_this_user_cannot_enter_is_no_retired_root(
 
     monkeypatch.setattr(Path, "is_file", refused)
     assert [o.recipe for o in fleet._unlisted(tmp_path, set())] == ["old-model"]
+
+
+def _families(text: str) -> dict:
+    """The metrics as Prometheus's own client library parses the text format: {name: family}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_the_metrics_read_as_prometheus_reads_them_and_a_failed_run_replaces_them(tmp_path, packed):
+    """Each family's lines together, typed (the samples of the three families came interleaved: a
+    parser that is not node_exporter's lost their types); then a run that fails as a whole (a broken
+    skus.toml, a probe past the deadline) left the last run's `hit` in place, every dashboard green
+    on a node that no longer fetched: it says the run failed, and no recipe's outcome."""
+    manifests, store = _manifests(tmp_path, packed, {"alpha": "alpha", "beta": "beta"})
+    base, metrics = tmp_path / "cache", tmp_path / "warmer.prom"
+    out = run_warmer("fetch", "--all", manifests, "--store", store.url, "--root-base", base, "--metrics-file",
+                     metrics)
+    assert out.returncode == 0, out.stderr
+    families = _families(metrics.read_text())
+    assert all(f.type == "gauge" and f.documentation for f in families.values()), families
+    assert [s.value for s in families["warmer_fetch_run_success"].samples] == [1]
+    held = {s.labels["recipe"]: s.value for s in families["warmer_artifact_bytes"].samples}
+    assert held == {n: restore.active(base / n).bytes_held for n in ("alpha", "beta")} and all(held.values())
+    hits = {s.labels["recipe"] for s in families["warmer_fetch_status"].samples if s.value and s.labels["status"] == "hit"}
+    assert hits == {"alpha", "beta"}
+
+    (manifests / "skus.toml").write_text((manifests / "skus.toml").read_text() + "\n[sku.broken\n")
+    out = run_warmer("fetch", "--all", manifests, "--store", store.url, "--root-base", base, "--metrics-file",
+                     metrics)
+    assert out.returncode == 2, out.stderr
+    families = _families(metrics.read_text())
+    assert [s.value for s in families["warmer_fetch_run_success"].samples] == [0]
+    assert not families["warmer_fetch_status"].samples and not families["warmer_artifact_bytes"].samples
+
+
+def test_the_bytes_reported_are_those_vllm_is_pointed_at(tmp_path, packed):
+    """A root holding an artifact the run refused (unsigned, where keys are trusted): vLLM is
+    pointed at a cold directory, and the metrics counted the held artifact's bytes all the same."""
+    from tests.unit.test_signing import _keypair
+
+    manifests, store = _manifests(tmp_path, packed, {"alpha": "alpha"})
+    base, metrics = tmp_path / "cache", tmp_path / "warmer.prom"
+    assert run_warmer("fetch", "--all", manifests, "--store", store.url, "--root-base", base).returncode == 0
+    _, public = _keypair(tmp_path, "builder")
+    out = run_warmer("fetch", "--all", manifests, "--store", store.url, "--root-base", base, "--metrics-file",
+                     metrics, "--trusted-key", public, "--json")
+    assert [o["status"] for o in json.loads(out.stdout)] == ["untrusted"], out.stderr
+    families = _families(metrics.read_text())
+    assert [(s.labels["recipe"], s.value) for s in families["warmer_artifact_bytes"].samples] == [("alpha", 0)]
+    assert restore.active(base / "alpha") is not None  # held, and left as it is
+
+
+def test_a_recipe_file_name_that_is_not_utf8_is_said_in_the_metrics_not_a_crash(tmp_path, packed):
+    """A bad recipe is named by its file's stem; one that is not UTF-8 (a systemd node's
+    /etc/warmer/models) crashed the metrics write after every fetch: exit 1, the outcomes lost."""
+    manifests, store = _manifests(tmp_path, packed, {"alpha": "alpha"})
+    (manifests / "models" / os.fsdecode(b"b\xffd.toml")).write_text("name = [\n")
+    base, metrics = tmp_path / "cache", tmp_path / "warmer.prom"
+    out = run_warmer("fetch", "--all", manifests, "--store", store.url, "--root-base", base, "--metrics-file",
+                     metrics, "--json")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    families = _families(metrics.read_text())
+    bad = [s.labels["recipe"] for s in families["warmer_fetch_status"].samples
+           if s.labels["status"] == "bad-recipe" and s.value]
+    assert bad == ["b\\udcffd"]

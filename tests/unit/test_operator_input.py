@@ -171,3 +171,8 @@ def test_a_node_probe_that_hangs_ends_within_the_deadline_as_a_miss(tmp_path, pa
                          tmp_path / "roots", "--deadline", "3", env=env, timeout=120)
     assert run_all.returncode == 1 and "probing this node" in run_all.stderr, run_all.stderr
     assert time.monotonic() - t0 < 3 + 4
+    # and so does the operator's look at the node's roots (it ran until killed)
+    t0 = time.monotonic()
+    listed = run_warmer("ls", "--root-base", tmp_path, "--deadline", "3", env=env, timeout=120)
+    assert listed.returncode == 1 and "probing this node" in listed.stderr, listed.stderr
+    assert time.monotonic() - t0 < 3 + 4

@@ -137,7 +137,25 @@ def _fetch_all(args: argparse.Namespace, out: Output) -> int:
             "fetch --all takes no RECIPE, --env-file or --gpus-from: each recipe goes into "
             "--root-base/RECIPE, and its pods' own fetch writes their env file"
         )
-    outcomes = api.fetch_all(
+    try:
+        outcomes = _run_all(args, out)
+    except Exception:  # the probe past the deadline, a broken skus.toml: the last run's metrics must not stand
+        if args.metrics_file:
+            _write_metrics(args.metrics_file, [], out, ran=False)
+        raise
+    for o in outcomes:
+        out.say(f"warmer fetch --all: {o.line()}")
+    if args.metrics_file:
+        _write_metrics(args.metrics_file, outcomes, out)
+    out.emit([o.to_json() for o in outcomes])
+    fetched = [o.result for o in outcomes if o.result is not None]
+    if any(o.bad_recipe or o.bad_root for o in outcomes):  # the others were fetched; the operator's to fix
+        return errors.EXIT_USAGE
+    return EXIT_MISS if args.require is not None and not all(r.holds(args.require) for r in fetched) else EXIT_OK
+
+
+def _run_all(args: argparse.Namespace, out: Output) -> list[api.Outcome]:
+    return api.fetch_all(
         args.all,
         args.store,
         args.root_base,
@@ -151,15 +169,6 @@ def _fetch_all(args: argparse.Namespace, out: Output) -> int:
         owner=args.owner,
         **store_options(args, out),
     )
-    for o in outcomes:
-        out.say(f"warmer fetch --all: {o.line()}")
-    if args.metrics_file:
-        _write_metrics(args.metrics_file, outcomes, out)
-    out.emit([o.to_json() for o in outcomes])
-    fetched = [o.result for o in outcomes if o.result is not None]
-    if any(o.bad_recipe or o.bad_root for o in outcomes):  # the others were fetched; the operator's to fix
-        return errors.EXIT_USAGE
-    return EXIT_MISS if args.require is not None and not all(r.holds(args.require) for r in fetched) else EXIT_OK
 
 
 def _require_env() -> str | None:
@@ -198,10 +207,10 @@ def check_env_format(recipe: Recipe, root: str, fmt: str) -> None:
         raise errors.UsageError(f"{recipe.source}: {e}") from None
 
 
-def _write_metrics(path: str, outcomes: list[api.Outcome], out: Output) -> None:
+def _write_metrics(path: str, outcomes: list[api.Outcome], out: Output, ran: bool = True) -> None:
     """Metrics are the fetch's record, not its result: a write that fails now (a full disk) is a warning."""
     try:
-        api.write_fetch_metrics(path, outcomes)
+        api.write_fetch_metrics(path, outcomes, ran)
     except OSError as e:
         out.warn([f"could not write --metrics-file {path}: {e.strerror or e}"])
 

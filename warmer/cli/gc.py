@@ -35,7 +35,17 @@ def run(args: argparse.Namespace, out: Output) -> int:
         args.store, args.keep, older_than_days=args.older_than, dry_run=args.dry_run, **store_options(args, out)
     )
     out.emit(result, report(result))
+    if out.json:  # the report says it; with --json alone, exit 1 would come without a word
+        out.warn(_damaged(result))
     return EXIT_ERROR if result.raced else EXIT_OK
+
+
+def _damaged(r: Collection) -> list[str]:
+    return [
+        f"damaged: {recipe} {key[:16]} was published while gc ran and names blob {blob[:16]}, which gc "
+        "deleted: publish that artifact file again (it uploads what the entry lacks)"
+        for recipe, key, blob in r.raced
+    ]
 
 
 def _orphan(b: Any) -> str:
@@ -69,11 +79,7 @@ def report(r: Collection) -> str:
             f"kept: {len(r.shared_kept)} blob(s) of the {'doomed' if r.dry_run else 'deleted'} entries that "
             "entries left still name (shared layers)"
         )
-    lines += [
-        f"damaged: {recipe} {key[:16]} was published while gc ran and names blob {blob[:16]}, which gc "
-        "deleted: publish that artifact file again (it uploads what the entry lacks)"
-        for recipe, key, blob in r.raced
-    ]
+    lines += _damaged(r)
     lines.append(
         f"{r.store}: {verb} {len(r.deleted_entries)} of {r.entries} index entries and "
         f"{len(r.deleted_blobs)} blob(s), {r.freed_bytes / 1e6:.1f} MB; kept {r.kept_entries} "

@@ -33,7 +33,7 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, out: Output) -> int:
     if args.root_base:
-        roots = api.local_roots(args.root_base)
+        roots = api.local_roots(args.root_base, deadline=args.deadline)
         out.emit([r.to_json() for r in roots], local_roots(args.root_base, roots))
         return EXIT_OK
     if not args.store:
