@@ -36,6 +36,24 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def wait_until_it_answers(proc: subprocess.Popen, url: str, what: str, log_path, context=None) -> None:
+    """Poll url until the server started as proc answers HTTP (any status), for 30 s at most."""
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited {proc.returncode}: {log_path.read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=1, context=context)
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"{what} did not answer on {url} in 30 s: {log_path.read_text()[-2000:]}")
+            time.sleep(0.05)
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint(tmp_path_factory):
     try:
@@ -48,20 +66,7 @@ def moto_endpoint(tmp_path_factory):
         proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                 stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:  # poll until it answers HTTP
-        if proc.poll() is not None:
-            pytest.fail(f"moto server exited {proc.returncode}: {log_path.read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(url + "/moto-api/", timeout=1)
-            break
-        except urllib.error.HTTPError:
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"moto server did not answer on {url} in 30 s: {log_path.read_text()[-2000:]}")
-            time.sleep(0.05)
+    wait_until_it_answers(proc, url + "/moto-api/", "moto server", log_path)
     yield url
     proc.terminate()
     proc.wait(timeout=10)

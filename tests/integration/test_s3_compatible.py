@@ -11,15 +11,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, run_warmer, write_tiny_recipe
-from tests.s3server import die_with_parent, free_port
+from tests.s3server import die_with_parent, free_port, wait_until_it_answers
 
 S3RVER = REPO / ".s3rver" / "node_modules" / ".bin" / "s3rver"
 BUCKET = "fleet"
@@ -47,21 +44,7 @@ def s3rver_tls(tmp_path_factory):
                                 stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     url = f"https://127.0.0.1:{port}"
     import ssl
-    context = ssl.create_default_context(cafile=str(cert))
-    deadline = time.monotonic() + 30
-    while True:  # poll until it answers HTTPS
-        if proc.poll() is not None:
-            pytest.fail(f"s3rver exited {proc.returncode}: {(top / 's3rver.log').read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(url, timeout=1, context=context)
-            break
-        except urllib.error.HTTPError:
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"s3rver did not answer on {url} in 30 s")
-            time.sleep(0.05)
+    wait_until_it_answers(proc, url, "s3rver", top / "s3rver.log", ssl.create_default_context(cafile=str(cert)))
     yield url, cert, data
     proc.terminate()
     proc.wait(timeout=10)
