@@ -41,7 +41,6 @@ from warmer.artifact import Artifact, ArtifactError, Layer
 from warmer.deadline import Deadline, DeadlineExceeded
 from warmer.errors import Terminated, UsageError, WarmerError
 from warmer.fingerprint import Fingerprint
-from warmer.mounts import parse_mountinfo
 from warmer.store import BlobCorrupt, BlobStream, StoreError
 from warmer.store.progress import Progress
 from warmer.untrusted import Fields, InvalidDocument, load_json
@@ -481,14 +480,23 @@ def check_root(root: Path) -> Path:
 
 
 def _mount_point_at(root: Path) -> bool:
-    """Whether something is mounted at root, as the mount table says (os.path.ismount takes a btrfs
-    subvolume for one: a directory that renames like any other). No /proc: the swap's EBUSY says it."""
+    """Whether root is the top of a mount: it lies on another mount than its parent. The kernel's
+    mount id of each (not st_dev, which a btrfs subvolume changes, nor the mount table, which lists
+    mounts that later ones hide). A root not there yet, or no /proc: not one (the swap's EBUSY says it)."""
     try:
-        table = Path("/proc/self/mountinfo").read_text()
+        ids = {_mount_id(root), _mount_id(root.parent)}
     except OSError:
         return False
-    real = os.path.realpath(root)
-    return any(m.mount_point == real for m in parse_mountinfo(table))
+    return None not in ids and len(ids) == 2
+
+
+def _mount_id(path: Path) -> int | None:
+    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as info:
+            return next((int(line.split()[1]) for line in info if line.startswith("mnt_id:")), None)
+    finally:
+        os.close(fd)
 
 
 def _mount_point(root: Path) -> str:

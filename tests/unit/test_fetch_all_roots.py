@@ -160,6 +160,15 @@ def test_the_metrics_read_as_prometheus_reads_them_and_a_failed_run_replaces_the
     assert [s.value for s in families["warmer_fetch_run_success"].samples] == [0]
     assert not families["warmer_fetch_status"].samples and not families["warmer_artifact_bytes"].samples
 
+    # and whatever else stops a run once its metrics file is known: a typo in WARMER_REQUIRE, say
+    (manifests / "skus.toml").write_text(SKUS)
+    args = ("fetch", "--all", manifests, "--store", store.url, "--root-base", base, "--metrics-file", metrics)
+    assert run_warmer(*args).returncode == 0
+    assert [s.value for s in _families(metrics.read_text())["warmer_fetch_run_success"].samples] == [1]
+    out = run_warmer(*args, env={**os.environ, "WARMER_REQUIRE": "flashinfer,trition"})
+    assert out.returncode == 2 and "trition is not a cache component" in out.stderr, out.stderr
+    assert [s.value for s in _families(metrics.read_text())["warmer_fetch_run_success"].samples] == [0]
+
 
 def test_the_bytes_reported_are_those_vllm_is_pointed_at(tmp_path, packed):
     """A root holding an artifact the run refused (unsigned, where keys are trusted): vLLM is

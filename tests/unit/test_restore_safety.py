@@ -283,6 +283,18 @@ def test_a_root_that_is_a_mount_point_is_refused_with_its_fix(tmp_path, small_fs
     finally:
         subprocess.run(["umount", "-l", str(bound)], check=False)
 
+    # The volume moved one level up, as said, over the old one (left mounted, hidden): the root is a
+    # directory of the new volume, whatever the mount table still lists at its path.
+    stacked = small_fs("cache", "size=8m")
+    (stacked / "tiny").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(stacked / "tiny")], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(stacked)], check=True)
+    try:
+        assert restore.restore_file(path, stacked / "tiny").status == "restored"
+    finally:
+        subprocess.run(["umount", "-l", str(stacked)], check=False)
+        subprocess.run(["umount", "-l", str(stacked / "tiny")], check=False)
+
 
 def test_a_root_in_an_overlays_lower_layer_is_said_so(tmp_path, packed):
     """A root baked into an image (an overlay's lower layer, which Docker's overlay2 cannot rename:

@@ -69,7 +69,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         "--metrics-file",
         metavar="PATH",
         help="write node_exporter textfile-collector metrics (warmer_fetch_seconds, warmer_artifact_bytes, "
-        "warmer_fetch_status) to PATH, e.g. /var/lib/node_exporter/textfile/warmer.prom",
+        "warmer_fetch_status, warmer_fetch_run_success, warmer_fetch_last_run_timestamp_seconds) to PATH, "
+        "e.g. /var/lib/node_exporter/textfile/warmer.prom",
     )
     c.add_argument(
         "--gpus-from",
@@ -90,13 +91,22 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    if not args.metrics_file:
+        return _run(args, out)
+    check_out_file(
+        "--metrics-file",
+        args.metrics_file,
+        "give a file in node_exporter's textfile-collector directory, mounted into the pod",
+    )
+    try:
+        return _run(args, out)
+    except Exception:  # a typo in WARMER_REQUIRE, a probe past the deadline: the last run's metrics must not stand
+        _write_metrics(args.metrics_file, [], out, ran=False)
+        raise
+
+
+def _run(args: argparse.Namespace, out: Output) -> int:
     args.require = required_components(args.require)  # a typo is said before anything is fetched
-    if args.metrics_file:
-        check_out_file(
-            "--metrics-file",
-            args.metrics_file,
-            "give a file in node_exporter's textfile-collector directory, mounted into the pod",
-        )
     if args.all:
         return _fetch_all(args, out)
     if not args.recipe or not args.root:
@@ -137,25 +147,7 @@ def _fetch_all(args: argparse.Namespace, out: Output) -> int:
             "fetch --all takes no RECIPE, --env-file or --gpus-from: each recipe goes into "
             "--root-base/RECIPE, and its pods' own fetch writes their env file"
         )
-    try:
-        outcomes = _run_all(args, out)
-    except Exception:  # the probe past the deadline, a broken skus.toml: the last run's metrics must not stand
-        if args.metrics_file:
-            _write_metrics(args.metrics_file, [], out, ran=False)
-        raise
-    for o in outcomes:
-        out.say(f"warmer fetch --all: {o.line()}")
-    if args.metrics_file:
-        _write_metrics(args.metrics_file, outcomes, out)
-    out.emit([o.to_json() for o in outcomes])
-    fetched = [o.result for o in outcomes if o.result is not None]
-    if any(o.bad_recipe or o.bad_root for o in outcomes):  # the others were fetched; the operator's to fix
-        return errors.EXIT_USAGE
-    return EXIT_MISS if args.require is not None and not all(r.holds(args.require) for r in fetched) else EXIT_OK
-
-
-def _run_all(args: argparse.Namespace, out: Output) -> list[api.Outcome]:
-    return api.fetch_all(
+    outcomes = api.fetch_all(
         args.all,
         args.store,
         args.root_base,
@@ -169,6 +161,15 @@ def _run_all(args: argparse.Namespace, out: Output) -> list[api.Outcome]:
         owner=args.owner,
         **store_options(args, out),
     )
+    for o in outcomes:
+        out.say(f"warmer fetch --all: {o.line()}")
+    if args.metrics_file:
+        _write_metrics(args.metrics_file, outcomes, out)
+    out.emit([o.to_json() for o in outcomes])
+    fetched = [o.result for o in outcomes if o.result is not None]
+    if any(o.bad_recipe or o.bad_root for o in outcomes):  # the others were fetched; the operator's to fix
+        return errors.EXIT_USAGE
+    return EXIT_MISS if args.require is not None and not all(r.holds(args.require) for r in fetched) else EXIT_OK
 
 
 def _require_env() -> str | None:
