@@ -625,6 +625,21 @@ def test_every_fetch_has_its_deadline_and_every_build_a_timeout():
         assert 0 < j.get("timeout-minutes", 0) <= 120, f"{name} has no timeout-minutes"
 
 
+def test_the_prefetch_rounds_of_nodes_that_joined_together_drift_apart():
+    """The DaemonSet's rounds were exactly an hour apart: nodes that joined at once (a first apply, a
+    scaled node group) hit the store in the same seconds every hour, for good. The timer has
+    RandomizedDelaySec; the loop sleeps a random 0 to 600 s more each round, drawn by its own sh."""
+    (_, ds), = of_kind("DaemonSet")
+    (prefetch,) = pod_spec(ds)["containers"]
+    loop = prefetch["args"][0]
+    draw = next(line.strip() for line in loop.splitlines() if line.strip().startswith("jitter="))
+    pause = next(line.strip() for line in loop.splitlines() if '"$(( jitter' in line)
+    script = f"{draw}\necho \"{pause.removeprefix('sleep ').strip(chr(34))}\""
+    drawn = {int(subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout)
+             for _ in range(12)}
+    assert all(0 <= x < 600 for x in drawn) and len(drawn) > 1, drawn
+
+
 def test_the_timer_is_boot_relative_without_persistent():
     """Persistent= catches up missed OnCalendar= runs only: beside OnBootSec=/OnUnitActiveSec= it
     does nothing, and says something false."""
