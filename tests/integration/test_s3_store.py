@@ -133,6 +133,45 @@ def test_an_exact_fetch_costs_one_request_plus_the_blobs_gets(packed, tmp_path, 
     assert len(store.list_index("tiny")) == 31
 
 
+def test_a_fetch_all_round_assumes_the_pods_role_once(tmp_path, s3_url, proxy, monkeypatch):
+    """IRSA's chain (a role and a web-identity token): fetch --all opened a store per recipe, each
+    with a boto3 session of its own, so each assumed the role again: an STS call per recipe, per
+    node, per round (moto's STS answers here, behind the recording proxy)."""
+    import tomllib
+
+    from tests.integration.test_node_bootstrap import SKUS
+    from warmer import api
+    from warmer.recipe import parse
+
+    if os.uname().machine != "x86_64":
+        pytest.skip("the catalogue's CPU SKU is x86_64")
+    manifests = tmp_path / "manifests"
+    (manifests / "models").mkdir(parents=True)
+    (manifests / "skus.toml").write_text(SKUS)
+    src = tmp_path / "src"
+    make_cache_tree(src)
+    up = S3Store(s3_url, endpoint_url=proxy.url)
+    for n, name in enumerate(("alpha", "beta", "gamma")):
+        path = manifests / "models" / f"{name}.toml"
+        path.write_text(f'name = "{name}"\ntargets = ["cpu-x86_64"]\n[model]\npath = "/models/{name}"\n[engine]\n'
+                        f"max_num_seqs = {4 + n}\n[workload]\nprompt_lengths = [8]\n")
+        art = tmp_path / f"{name}.tar.zst"
+        build.pack_root(src, parse(tomllib.loads(path.read_text()), path), art)
+        build.publish(up, art)
+    token = tmp_path / "token"
+    token.write_text("eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6d2FybWVyIn0.c2ln")
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/warmer-node")
+    monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)  # S3 and STS alike
+    proxy.clear()
+    outcomes = api.fetch_all(manifests, s3_url, tmp_path / "cache", parallel=3)
+    assert sorted(o.status for o in outcomes) == ["hit"] * 3, [o.line() for o in outcomes]
+    sts = [r for r in proxy.requests if r.method == "POST" and r.path.split("?")[0] == "/"]
+    assert len(sts) == 1, [r.path for r in proxy.requests]
+
+
 def test_cli_publish_fetch_ls_inspect_over_s3(packed, tmp_path, s3_url, aws_env):
     """The endpoint from AWS_ENDPOINT_URL, credentials from the environment, never printed."""
     recipe_file = write_tiny_recipe(tmp_path / "tiny.toml")

@@ -19,9 +19,11 @@ import ctypes
 import functools
 import os
 import random
+import threading
 import time
 import urllib.parse
 from contextlib import contextmanager
+from typing import Any
 
 from warmer.deadline import Deadline, unbounded
 from warmer.errors import UsageError
@@ -86,6 +88,25 @@ def parse_url(url: str) -> tuple[str, str]:
         raise UsageError(f"store {url!r}: {bucket!r} is not a bucket name: use s3://bucket or s3://bucket/prefix")
     prefix = prefix.strip("/")
     return bucket, f"{prefix}/" if prefix else ""
+
+
+_sessions: dict[tuple, Any] = {}
+_sessions_lock = threading.Lock()
+
+
+def _client(endpoint_url: str | None, config):
+    """An S3 client from this process's one boto3 session for the AWS environment it runs in: its
+    credentials are resolved once (fetch --all opened a store per recipe, and each assumed the pod's
+    role again: an STS call per recipe per node per round). Clients are made under a lock, as a
+    session is not safe to share between threads while it makes them."""
+    import boto3
+
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    with _sessions_lock:
+        session = _sessions.get(env)
+        if session is None:
+            session = _sessions[env] = boto3.session.Session()
+        return session.client("s3", endpoint_url=endpoint_url, config=config)
 
 
 def _on_aws(endpoint: str) -> bool:
@@ -164,7 +185,6 @@ class S3Store(Store):
         concurrency: int = 8,
         deadline: Deadline | None = None,
     ):
-        import boto3
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
@@ -184,16 +204,14 @@ class S3Store(Store):
             max_pool_connections=concurrency + 4,
             s3={"addressing_style": style} if style else None,
         )
-        session = boto3.session.Session()
         # botocore refuses a blank one (an empty ConfigMap key) with a traceback: unset, as ours are
         unset = [param for param, var in CHECKSUM_ENV.items() if not os.environ.get(var, "").strip()]
         blank = {param: "when_supported" for param in unset if CHECKSUM_ENV[param] in os.environ}
-        self._client = session.client("s3", endpoint_url=endpoint_url, config=config.merge(Config(**blank)))
+        self._client = _client(endpoint_url, config.merge(Config(**blank)))
         if unset and not _on_aws(self._endpoint()):
             # botocore >= 1.36 wraps uploads in aws-chunked with a CRC32 trailer; S3-compatible
             # stores refuse that (501) or keep the wrapping in the object. warmer hashes every blob.
-            config = config.merge(Config(**{param: "when_required" for param in unset}))
-            self._client = session.client("s3", endpoint_url=endpoint_url, config=config)
+            self._client = _client(endpoint_url, config.merge(Config(**{param: "when_required" for param in unset})))
         _Retries(self, attempts).register(self._client)
         cap_malloc_arenas()
         self._transfer = TransferConfig(
