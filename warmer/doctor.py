@@ -477,7 +477,12 @@ def diagnose(
     findings += _flashinfer(env, mounts, resolve, can_write, flashinfer_installed)
     findings += _per_pod_env(env, set(hostnames) | {env.get("HOSTNAME", "")})
     if root:
-        if any(m.mount_point == resolve(str(root)) for m in mounts):
+        # on this machine, as fetch decides it (a mount the table lists may be hidden by a later one)
+        if (
+            restore.mount_point_at(root)
+            if can_write is not None
+            else any(m.mount_point == resolve(str(root)) for m in mounts)
+        ):
             findings.append(  # fetch and build refuse it (restore.check_root): said before the pod fails
                 Finding(
                     ERROR,

@@ -41,6 +41,7 @@ from warmer.artifact import Artifact, ArtifactError, Layer
 from warmer.deadline import Deadline, DeadlineExceeded
 from warmer.errors import Terminated, UsageError, WarmerError
 from warmer.fingerprint import Fingerprint
+from warmer.mounts import parse_mountinfo
 from warmer.store import BlobCorrupt, BlobStream, StoreError
 from warmer.store.progress import Progress
 from warmer.untrusted import Fields, InvalidDocument, load_json
@@ -474,20 +475,24 @@ def check_root(root: Path) -> Path:
         )
     if root.exists() and not root.is_dir():
         raise UsageError(f"root {root} exists and is not a directory: choose a directory")
-    if _mount_point_at(root):
+    if mount_point_at(root):
         raise UsageError(_mount_point(root))
     return root
 
 
-def _mount_point_at(root: Path) -> bool:
+def mount_point_at(root: Path) -> bool:
     """Whether root is the top of a mount: it lies on another mount than its parent. The kernel's
     mount id of each (not st_dev, which a btrfs subvolume changes, nor the mount table, which lists
-    mounts that later ones hide). A root not there yet, or no /proc: not one (the swap's EBUSY says it)."""
+    mounts that later ones hide); where /proc gives none (gVisor), the mount table. A root not there
+    yet, or no /proc: not one (the swap's EBUSY says it)."""
     try:
         ids = {_mount_id(root), _mount_id(root.parent)}
+        if None in ids:
+            table = os.fsdecode(Path("/proc/self/mountinfo").read_bytes())  # paths are bytes: never a decode error
+            return any(m.mount_point == os.path.realpath(root) for m in parse_mountinfo(table))
     except OSError:
         return False
-    return None not in ids and len(ids) == 2
+    return len(ids) == 2
 
 
 def _mount_id(path: Path) -> int | None:

@@ -172,6 +172,26 @@ def test_a_fetch_all_round_assumes_the_pods_role_once(tmp_path, s3_url, proxy, m
     assert len(sts) == 1, [r.path for r in proxy.requests]
 
 
+def test_a_rotated_credentials_file_is_read_again_within_one_process(tmp_path, s3_url, proxy, monkeypatch):
+    """A release pipeline's one Python process, its keys in the shared credentials file that a
+    rotation job rewrites: each store reads static keys anew (one session for every store kept the
+    first keys, and every call after the old key's revocation failed)."""
+    from warmer import api
+
+    creds = tmp_path / "credentials"
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    signed = []
+    for key in ("AKIDFIRSTKEY", "AKIDROTATEDKEY"):
+        creds.write_text(f"[default]\naws_access_key_id = {key}\naws_secret_access_key = s3cr3t\n")
+        proxy.clear()
+        api.ls(s3_url)
+        signed.append({r.headers["authorization"].split("Credential=")[1].split("/")[0] for r in proxy.requests})
+    assert signed == [{"AKIDFIRSTKEY"}, {"AKIDROTATEDKEY"}]
+
+
 def test_cli_publish_fetch_ls_inspect_over_s3(packed, tmp_path, s3_url, aws_env):
     """The endpoint from AWS_ENDPOINT_URL, credentials from the environment, never printed."""
     recipe_file = write_tiny_recipe(tmp_path / "tiny.toml")

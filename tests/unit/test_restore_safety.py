@@ -291,9 +291,25 @@ def test_a_root_that_is_a_mount_point_is_refused_with_its_fix(tmp_path, small_fs
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(stacked)], check=True)
     try:
         assert restore.restore_file(path, stacked / "tiny").status == "restored"
+        from warmer import doctor  # and doctor, on this machine, says as fetch does
+        live = doctor.diagnose({}, Path("/proc/self/mountinfo").read_text(errors="replace"), root=stacked / "tiny",
+                               can_write=lambda _: True)
+        assert not [f for f in live.findings if f.check == "root"], live.findings
     finally:
         subprocess.run(["umount", "-l", str(stacked)], check=False)
         subprocess.run(["umount", "-l", str(stacked / "tiny")], check=False)
+
+
+def test_where_proc_gives_no_mount_id_the_mount_table_decides(tmp_path, small_fs, packed, monkeypatch):
+    """gVisor's /proc/self/fdinfo has no mnt_id line: the mount table decides there. The kernel's
+    answer is stood in for (no gVisor here); the mount is real."""
+    from warmer.errors import UsageError
+
+    volume = small_fs("root", "size=8m")
+    monkeypatch.setattr(restore, "_mount_id", lambda path: None)
+    with pytest.raises(UsageError, match="is a mount point"):
+        restore.restore_file(packed("A").path, volume)
+    assert restore.restore_file(packed("A").path, tmp_path / "plain").status == "restored"
 
 
 def test_a_root_in_an_overlays_lower_layer_is_said_so(tmp_path, packed):

@@ -95,17 +95,21 @@ _sessions_lock = threading.Lock()
 
 
 def _client(endpoint_url: str | None, config):
-    """An S3 client from this process's one boto3 session for the AWS environment it runs in: its
-    credentials are resolved once (fetch --all opened a store per recipe, and each assumed the pod's
-    role again: an STS call per recipe per node per round). Clients are made under a lock, as a
-    session is not safe to share between threads while it makes them."""
+    """An S3 client. Credentials that refresh themselves (an assumed role: IRSA, an instance or pod
+    role) come from one boto3 session per AWS environment, resolved once: fetch --all opened a store
+    per recipe, and each assumed the pod's role again, an STS call per recipe per node per round.
+    Static keys are read anew each time, as a rotated credentials file must be. Clients are made
+    under a lock: a session is not safe to share between threads while it makes them."""
     import boto3
+    from botocore.credentials import RefreshableCredentials
 
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
     with _sessions_lock:
         session = _sessions.get(env)
         if session is None:
-            session = _sessions[env] = boto3.session.Session()
+            session = boto3.session.Session()
+            if isinstance(session.get_credentials(), RefreshableCredentials):
+                _sessions[env] = session
         return session.client("s3", endpoint_url=endpoint_url, config=config)
 
 
