@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from warmer import compat, explain, fingerprint, restore, serving, signing
+from warmer import compat, components, explain, fingerprint, restore, serving, signing
 from warmer.artifact import Artifact, Layer
 from warmer.compat import Decision
 from warmer.deadline import Deadline, DeadlineExceeded
@@ -190,7 +190,7 @@ def choose(
             if other.status is None:
                 return replace(other, warnings=(*misfit, *other.warnings))
         return part or Choice(key, "misfit", entry, decided, warnings=misfit)
-    if entry.layered and any(not fit.fits for fit in explain.layer_fits(entry.artifact, recipe.identity(), node)):
+    if entry.layered and any(x.component not in components.BY_NAME for x in entry.artifact.layers):
         # a layer of a cache a newer warmer packs: the rest is restored, that one compiles from cold
         part = _part_of(entry, recipe, node, key, decided)
         return (_at_root(part, root) if part and root is not None else part) or Choice(key, "misfit", entry, decided)

@@ -686,7 +686,7 @@ def _os_error(e: OSError, root: Path) -> RestoreError:
         fix = f"run as a user who may write to {root.parent}, or choose a writable root"
     elif e.errno == errno.EROFS:
         fix = "the filesystem is read-only: choose a root on a writable volume"
-    elif e.errno == errno.EBUSY:  # a mount point the mount table did not show (no /proc)
+    elif e.errno == errno.EBUSY:  # a mount point mount_point_at could not see (no /proc)
         return not_activated(root, f"{e.strerror} ({where}): {_mount_point(root)}")
     elif e.errno == errno.EXDEV:
         fix = (
