@@ -511,10 +511,17 @@ def _can_write(path: str) -> bool:
 def read_process_env(pid: int) -> dict[str, str]:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except ProcessLookupError:  # gone, or a zombie: its env is no longer shown
+        raise UsageError(f"process {pid} has exited: pass the pid of the running vLLM, or --env-file") from None
     except OSError as e:
         raise UsageError(
             f"cannot read the env of process {pid} ({e.strerror}): run doctor as its user, or pass --env-file"
         ) from None
+    if not raw:  # what the kernel shows of a process inside its execve, or started with env -i
+        raise UsageError(
+            f"process {pid} shows no environment (it is just starting, or was started with an empty one): "
+            "pass the pid of the running vLLM, or --env-file with the env it starts with"
+        )
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 

@@ -14,6 +14,7 @@ from tests.fixtures import nodes
 from warmer import components, doctor, mounts, restore, serving, workspace
 from warmer.cli import doctor as doctor_cli
 from warmer.envfile import EnvFile
+from warmer.errors import UsageError
 
 SAMPLES = REPO / "tests" / "fixtures" / "mountinfo"
 POD_ENV = {"HOME": "/root", "PATH": "/usr/local/bin:/usr/bin:/bin", "HOSTNAME": "vllm-llama-3-1-8b-7d9f8c6b5-x2x7q"}
@@ -317,10 +318,17 @@ def test_cli_exits_non_zero_only_with_errors(tmp_path):
     assert warn.returncode == 0 and "WARNING" in warn.stdout and "fix:" in warn.stdout
 
 
+def _running(env: dict) -> subprocess.Popen:
+    """A process that stands in for vLLM, returned once it runs: Popen returns inside the child's
+    execve, where /proc/PID/environ still reads empty."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    assert child.stdout.readline() == b"up\n"
+    return child
+
+
 def test_cli_reads_the_env_of_a_process(tmp_path):
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
-                             env={**POD_ENV, **components.cache_env(Path(ROOT)),
-                                  "VLLM_P2P_SIDE_CHANNEL_HOST": "10.42.3.17"})
+    child = _running({**POD_ENV, **components.cache_env(Path(ROOT)), "VLLM_P2P_SIDE_CHANNEL_HOST": "10.42.3.17"})
     try:
         out = subprocess.run([sys.executable, "-m", "warmer", "doctor", "--pid", str(child.pid), "--mountinfo",
                               str(SAMPLES / "hostpath.txt"), "--json"], capture_output=True, text=True,
@@ -330,6 +338,24 @@ def test_cli_reads_the_env_of_a_process(tmp_path):
     doc = json.loads(out.stdout)
     assert [f["subject"] for f in doc["findings"] if f["severity"] == "error"] == ["VLLM_P2P_SIDE_CHANNEL_HOST"]
     assert out.returncode == 5
+
+
+def test_a_process_that_exited_or_shows_no_env_is_said_not_judged():
+    """Judging an empty env as vLLM's would report every cache variable unset: a process that exited
+    (a zombie here), or one with no environment (as one inside its execve shows), is said instead."""
+    gone = subprocess.Popen(["true"])
+    os.waitid(os.P_PID, gone.pid, os.WEXITED | os.WNOWAIT)  # exited, unreaped: the pid stays its own
+    try:
+        with pytest.raises(UsageError, match=f"process {gone.pid} has exited.*--env-file"):
+            doctor.diagnose_here(pid=gone.pid)
+    finally:
+        gone.wait()
+    bare = _running({})
+    try:
+        with pytest.raises(UsageError, match=f"process {bare.pid} shows no environment.*--env-file"):
+            doctor.diagnose_here(pid=bare.pid)
+    finally:
+        bare.communicate(b"")
 
 
 @pytest.mark.parametrize("text", ["", "garbage line\n", "1 2 3\n"])
@@ -411,11 +437,10 @@ def test_doctor_pid_judges_the_fit_for_the_gpus_the_process_was_given(tmp_path, 
     build.pack_root(src, recipe, tmp_path / "a.tar.zst", fp=built)
     restore.restore_file(tmp_path / "a.tar.zst", root)
     env = {**os.environ, **serving.vllm_env(recipe, root).vars, "CUDA_VISIBLE_DEVICES": h100s}
-    vllm = subprocess.Popen(["sleep", "60"], env=env)  # stands in for vLLM, started with its env
+    vllm = _running(env)  # stands in for vLLM, started with its env
     try:
         found = doctor.diagnose_here(root=str(root), pid=vllm.pid)
     finally:
-        vllm.kill()
-        vllm.wait()
+        vllm.communicate(b"")
     assert not [f for f in found.findings if f.check == "fit" and f.severity != "info"], found.findings
 
