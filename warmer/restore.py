@@ -414,7 +414,7 @@ def _activate(staging: Path, root: Path) -> None:
         # old tree at .old, which the next restore moves back before anything else. SIGTERM (a pod
         # deleted) waits for the pair: raised between them, it left no root and removed the new tree.
         old = staging.with_name(staging.name + ".old")
-        with _signals_held():
+        with signals_held():
             os.rename(root, old)
             try:
                 os.rename(staging, root)
@@ -425,7 +425,7 @@ def _activate(staging: Path, root: Path) -> None:
 
 
 @contextmanager
-def _signals_held() -> Iterator[None]:
+def signals_held() -> Iterator[None]:
     """SIGTERM and Ctrl-C are handled after the block, not inside it. Their Python handlers run in
     the main thread whichever thread the kernel gives the signal (a download's readers), so the
     handlers are swapped, not the signal mask; a restore in another thread is never interrupted."""

@@ -345,18 +345,23 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
     env = engine_env(recipe, root, sandbox, extra_env)
     t0 = time.perf_counter()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "warmer.workload", str(spec_path), str(result_path)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        stamper = threading.Thread(target=_stamp_lines, args=(proc.stdout, log, t0), daemon=True)
-        stamper.start()
+        proc: subprocess.Popen | None = None
         try:
+            # Held until the finally below covers the child: a SIGTERM inside Popen (the child
+            # already exec'd) or before the try left the engine running, its parent gone.
+            with restore.signals_held():
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "warmer.workload", str(spec_path), str(result_path)],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                stamper = threading.Thread(target=_stamp_lines, args=(proc.stdout, log, t0), daemon=True)
+                stamper.start()
             rc = proc.wait(timeout=recipe.workload.timeout_s)
         except subprocess.TimeoutExpired:
+            assert proc is not None  # it was waited on
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             stamper.join(timeout=30)
@@ -365,15 +370,16 @@ def run_engine(recipe: Recipe, root: Path, workdir: Path, label: str, *, extra_e
                 + _tail(log_path.read_text(errors="replace"))
             ) from None
         finally:
-            # vLLM's spawned workers must not outlive the run, however it ends.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-            stamper.join(timeout=30)  # the group is gone: the pipe ends
-            assert proc.stdout is not None  # stdout=PIPE
-            proc.stdout.close()
+            if proc is not None:  # None: Popen itself failed, no child to stop
+                # vLLM's spawned workers must not outlive the run, however it ends.
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+                stamper.join(timeout=30)  # the group is gone: the pipe ends
+                assert proc.stdout is not None  # stdout=PIPE
+                proc.stdout.close()
     wall = time.perf_counter() - t0
     text = log_path.read_text(errors="replace")
     try:  # the child's file: empty or cut short when its own write failed (a full disk)

@@ -536,3 +536,36 @@ def test_sigterm_in_verify_stops_the_engine_it_started(tmp_path):
     assert proc.wait(timeout=60) == 143
     assert "terminated" in proc.stderr.read()
     assert not Path(f"/proc/{child}").exists()  # killed and reaped, not left running
+
+
+def test_sigterm_as_the_engine_child_starts_stops_it_too(tmp_path, monkeypatch):
+    """SIGTERM that lands once the engine child has exec'd but before Popen returns (or before the
+    run's cleanup covers it) left the engine running with its parent gone. Here the signal is raised
+    right after the child starts, inside the Popen call warmup makes."""
+    from warmer import warmup
+    from warmer.cli import _terminated
+    from warmer.errors import Terminated
+
+    (tmp_path / "no-model").mkdir()
+    recipe = tiny_recipe(model_path=str(tmp_path / "no-model"))
+    started: list[int] = []
+    real_popen = subprocess.Popen
+
+    def popen_then_sigterm(*args, **kwargs):
+        child = real_popen(*args, **kwargs)
+        started.append(child.pid)
+        signal.raise_signal(signal.SIGTERM)
+        return child
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_sigterm)
+    before = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        with pytest.raises(Terminated):
+            warmup.run_engine(recipe, tmp_path / "root", tmp_path / "work", "cold")
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    try:
+        assert started and not Path(f"/proc/{started[0]}").exists()  # killed and reaped, not left running
+    finally:
+        if started and Path(f"/proc/{started[0]}").exists():
+            os.killpg(started[0], signal.SIGKILL)
