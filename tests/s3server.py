@@ -8,13 +8,16 @@ plugin (tests/conftest.py's pytest_plugins): the integration and e2e tests both 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +28,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_on_its_own_port(argv: list[str], listening: bytes, log_path, what: str) -> tuple[subprocess.Popen, int]:
+    """Start a server told to listen on port 0, and return it with the port it bound, read from the
+    line it prints (listening: a regex whose group 1 is the port). A port picked here and bound
+    there a second later can be taken in between, by any connection this machine makes. What it
+    prints goes on to log_path, for as long as it runs (a full pipe would stop it)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+    found: list[int] = []
+    said = threading.Event()
+
+    def tee():
+        with open(log_path, "wb") as out:
+            for line in proc.stdout:
+                out.write(line)
+                out.flush()
+                if not found and (m := re.search(listening, line)):
+                    found.append(int(m[1]))
+                    said.set()
+        said.set()  # it exited: found stays empty
+
+    threading.Thread(target=tee, daemon=True).start()
+    if not said.wait(60) or not found:
+        proc.kill()
+        pytest.fail(f"{what} did not say where it listens: {Path(log_path).read_text(errors='replace')[-2000:]}")
+    return proc, found[0]
 
 
 def die_with_parent() -> None:
@@ -60,11 +89,9 @@ def moto_endpoint(tmp_path_factory):
         import moto.server  # noqa: F401
     except ImportError:
         pytest.fail("moto's server is not installed: pip install -e '.[test]' (it brings moto[server])")
-    port = free_port()
     log_path = tmp_path_factory.mktemp("moto") / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+    proc, port = start_on_its_own_port([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+                                       rb"Running on http://127\.0\.0\.1:(\d+)", log_path, "moto server")
     url = f"http://127.0.0.1:{port}"
     wait_until_it_answers(proc, url + "/moto-api/", "moto server", log_path)
     yield url

@@ -31,7 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from tests.s3server import die_with_parent, free_port
+from tests.s3server import free_port, start_on_its_own_port
 
 from tests.integration.faultproxy import FaultProxy
 
@@ -114,7 +114,7 @@ def start_registry(workdir: Path, auth: str = "none", external_host: str | None 
     registry configured with another address than the one clients use."""
     binary = registry_binary()
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = free_port() if external_host else 0  # 0: it binds one and says which (start_on_its_own_port)
     storage = workdir / "storage"
     lines = ["version: 0.1", "log:", "  level: info", "  accesslog:", "    disabled: true",
              "storage:", "  filesystem:", f"    rootdirectory: {storage}", "  delete:", "    enabled: true",
@@ -136,23 +136,8 @@ def start_registry(workdir: Path, auth: str = "none", external_host: str | None 
     config = workdir / "config.yml"
     config.write_text("\n".join(lines) + "\n")
     log = workdir / "registry.log"
-    proc = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            preexec_fn=die_with_parent)
-    listening = threading.Event()
-
-    def tee():  # the registry's log to a file; the line that says it listens releases the fixture
-        with open(log, "wb") as out:
-            for line in proc.stderr:
-                out.write(line)
-                out.flush()
-                if b"listening on" in line:
-                    listening.set()
-        listening.set()  # it exited: the poll below says so
-
-    threading.Thread(target=tee, daemon=True).start()
-    if not listening.wait(60) or proc.poll() is not None:
-        proc.kill()
-        pytest.fail(f"the registry did not start ({binary}): {log.read_text()[-2000:] if log.exists() else ''}")
+    proc, port = start_on_its_own_port([binary, "serve", str(config)], rb"listening on 127\.0\.0\.1:(\d+)",
+                                       log, f"the registry ({binary})")
     return Registry(proc, port, storage, log, auth, issuer)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, run_warmer, write_tiny_recipe
-from tests.s3server import die_with_parent, free_port, wait_until_it_answers
+from tests.s3server import start_on_its_own_port, wait_until_it_answers
 
 S3RVER = REPO / ".s3rver" / "node_modules" / ".bin" / "s3rver"
 BUCKET = "fleet"
@@ -37,11 +37,9 @@ def s3rver_tls(tmp_path_factory):
                    check=True, capture_output=True, timeout=60)
     data = top / "data"
     data.mkdir()
-    port = free_port()
-    with open(top / "s3rver.log", "wb") as log:
-        proc = subprocess.Popen([str(S3RVER), "-d", str(data), "-a", "127.0.0.1", "-p", str(port), "--key", str(key),
-                                 "--cert", str(cert), "--configure-bucket", BUCKET, "--silent"],
-                                stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+    proc, port = start_on_its_own_port([str(S3RVER), "-d", str(data), "-a", "127.0.0.1", "-p", "0", "--key", str(key),
+                                        "--cert", str(cert), "--configure-bucket", BUCKET, "--silent"],
+                                       rb"listening on 127\.0\.0\.1:(\d+)", top / "s3rver.log", "s3rver")
     url = f"https://127.0.0.1:{port}"
     import ssl
     wait_until_it_answers(proc, url, "s3rver", top / "s3rver.log", ssl.create_default_context(cafile=str(cert)))
