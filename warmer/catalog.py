@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from warmer import __version__
@@ -262,6 +262,7 @@ class Removal:
     dry_run: bool
     layers: tuple[tuple[str, str], ...] = ()  # a layered entry's blobs: (component, sha256)
     deleted_blobs: tuple[str, ...] = ()  # every blob deleted (no other entry names it); with dry_run: would be
+    raced: tuple[tuple[str, str, str], ...] = ()  # (recipe, key, blob): published during rm, naming a blob it deleted
 
     @property
     def blobs(self) -> tuple[str, ...]:
@@ -289,6 +290,7 @@ class Removal:
             ]
         doc["blobs"] = list(self.blobs)
         doc["would_delete_blobs" if self.dry_run else "deleted_blobs"] = list(self.deleted_blobs)
+        doc["raced"] = [{"recipe": r, "key": k, "blob": b} for r, k, b in self.raced]
         return doc
 
 
@@ -306,7 +308,8 @@ def rm(url: str, *, yes: bool, **store_options) -> Removal:
         entry = None  # a broken or planted entry (the store's or its own bytes): remove it, keep every blob
     blob = entry.blob.sha256 if entry is not None and entry.blob is not None else None
     layers = tuple((x.component, x.sha256) for x in entry.artifact.layers) if entry and entry.layered else ()
-    others, unreadable = read_entries(store, [rk for rk in store.list_index() if rk != (recipe, key)])
+    listed = store.list_index()
+    others, unreadable = read_entries(store, [rk for rk in listed if rk != (recipe, key)])
     in_use = named_blobs(others)
     # An unreadable entry may name any blob: delete none of them then.
     doomed = (
@@ -333,6 +336,7 @@ def rm(url: str, *, yes: bool, **store_options) -> Removal:
         store.delete_index(recipe, key)
         for sha in doomed:
             store.delete_blob(sha)
+        removal = replace(removal, raced=_published_meanwhile(store, {*listed, (recipe, key)}, set(doomed)))
     return removal
 
 
@@ -466,10 +470,10 @@ def gc(
 def _published_meanwhile(
     store: Store, seen: set[tuple[str, str]], deleted: set[str]
 ) -> tuple[tuple[str, str, str], ...]:
-    """(recipe, key, blob) of each entry published after gc's last look that names a blob gc then
-    deleted: a layered publish skips the layers the store holds, and no lock orders it with gc. Its
-    own check after creating its entry can run before the delete; this one runs after it, so one of
-    the two sees every such entry."""
+    """(recipe, key, blob) of each entry published after gc's or rm's last look that names a blob
+    it then deleted: a layered publish skips the layers the store holds, and no lock orders it with
+    them. Its own check after creating its entry can run before the delete; this one runs after it,
+    so one of the two sees every such entry."""
     if not deleted:
         return ()
     newer, _ = read_entries(store, [rk for rk in store.list_index() if rk not in seen])

@@ -171,6 +171,39 @@ def test_gc_names_an_entry_published_while_it_ran_that_lost_a_layer_to_it(two, t
     assert build.publish(store, third).status == "mended" and doomed in blobs_in(store)
 
 
+def test_rm_names_an_entry_published_while_it_ran_that_lost_a_layer_to_it(two, tmp_path, monkeypatch, capsys):
+    """As with gc: a layered publish of another key that lands after rm read the other entries, and
+    before its deletes, skips the layer rm then deletes, and says published. rm looks at the index
+    once more after its deletes, and names the entry, with the fix, in a failing exit."""
+    from warmer import cli
+    from warmer.store.file import FileStore
+
+    store, _, art_b, _, _, _ = two
+    doomed = layer(art_b, "vllm").sha256
+    third = tmp_path / "third.tar.zst"  # another key, whose vllm layer is the removed entry's
+    art_c = build.pack_root(tmp_path / "src-b", tiny_recipe(max_model_len=512), third, fp=art_b.fingerprint)
+    assert layer(art_c, "vllm").sha256 == doomed
+    published = []
+    write_audit = FileStore.write_audit
+
+    def publish_meanwhile(self, name, record):  # rm's last step before its deletes
+        published.append(build.publish(open_store(store.url), third, layers=True))
+        return write_audit(self, name, record)
+
+    monkeypatch.setattr(FileStore, "write_audit", publish_meanwhile)
+    code = cli.main(["rm", f"{store.url}/index/tiny/{art_b.key}", "--yes", "--json"])
+    said = capsys.readouterr()
+    [pub] = published
+    assert pub.status == "published" and not pub.layers["vllm"]  # it skipped the layer rm deleted
+    assert doomed not in blobs_in(store)
+    assert code == 1
+    assert json.loads(said.out)["raced"] == [{"recipe": "tiny", "key": art_c.key, "blob": doomed}]
+    assert f"damaged: tiny {art_c.key[:16]} was published while rm ran and names blob {doomed[:16]}" in said.err
+    assert "publish that artifact file again" in said.err
+    monkeypatch.undo()
+    assert build.publish(store, third).status == "mended" and doomed in blobs_in(store)
+
+
 def test_rm_keeps_the_layers_another_entry_names(two):
     store, art_a, art_b, _, _, path_b = two
     url = f"{store.url}/index/tiny/{art_b.key}"

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from warmer import api
 from warmer.cli import Output, add_store, store_options
-from warmer.cli.render import grace_hours, megabytes
+from warmer.cli.render import damaged, grace_hours, megabytes
 from warmer.errors import EXIT_ERROR, EXIT_OK
 
 if TYPE_CHECKING:
@@ -36,16 +36,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     )
     out.emit(result, report(result))
     if out.json:  # the report says it; with --json alone, exit 1 would come without a word
-        out.warn(_damaged(result))
+        out.warn(damaged(result.raced, "gc"))
     return EXIT_ERROR if result.raced else EXIT_OK
-
-
-def _damaged(r: Collection) -> list[str]:
-    return [
-        f"damaged: {recipe} {key[:16]} was published while gc ran and names blob {blob[:16]}, which gc "
-        "deleted: publish that artifact file again (it uploads what the entry lacks)"
-        for recipe, key, blob in r.raced
-    ]
 
 
 def _orphan(b: Any) -> str:
@@ -79,7 +71,7 @@ def report(r: Collection) -> str:
             f"kept: {len(r.shared_kept)} blob(s) of the {'doomed' if r.dry_run else 'deleted'} entries that "
             "entries left still name (shared layers)"
         )
-    lines += _damaged(r)
+    lines += damaged(r.raced, "gc")
     lines.append(
         f"{r.store}: {verb} {len(r.deleted_entries)} of {r.entries} index entries and "
         f"{len(r.deleted_blobs)} blob(s), {r.freed_bytes / 1e6:.1f} MB; kept {r.kept_entries} "

@@ -24,3 +24,12 @@ def shown(value: object) -> str:
 def grace_hours() -> float:
     """How old a blob no index entry names must be before gc deletes it (ls and gc say it)."""
     return api.ORPHAN_GRACE.total_seconds() / 3600
+
+
+def damaged(raced: tuple[tuple[str, str, str], ...], by: str) -> list[str]:
+    """gc's and rm's word on an entry published while they ran that lost a blob to them."""
+    return [
+        f"damaged: {recipe} {key[:16]} was published while {by} ran and names blob {blob[:16]}, which {by} "
+        "deleted: publish that artifact file again (it uploads what the entry lacks)"
+        for recipe, key, blob in raced
+    ]

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from warmer import api
 from warmer.cli import Output, add_s3, store_options
-from warmer.errors import EXIT_OK
+from warmer.cli.render import damaged
+from warmer.errors import EXIT_ERROR, EXIT_OK
 
 if TYPE_CHECKING:
     from warmer.api import Removal
@@ -26,7 +27,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     result = api.rm(args.entry, yes=args.yes, **store_options(args, out))
     out.say(f"warmer: rm: {report(result)}")
     out.emit(result)
-    return EXIT_OK  # without --yes, a dry run: it did what was asked
+    out.warn(damaged(result.raced, "rm"))  # with --json too: exit 1 must not come without a word
+    return EXIT_ERROR if result.raced else EXIT_OK  # without --yes, a dry run: it did what was asked
 
 
 def _layers(r: Removal) -> str:
