@@ -197,7 +197,11 @@ def plan(
     signing.check_public_keys(trusted_keys)
     distrust = (restore.distrusted(marker, trusted_keys) or restore.unfit(marker, node)) if marker else None
     warnings = []
-    if root.is_symlink():  # fetch and restore refuse such a root; a pod that got one still starts
+    try:
+        linked = root.is_symlink()
+    except OSError:  # a parent this user cannot enter: restore.unwritable below says so, served cold
+        linked = False
+    if linked:  # fetch and restore refuse such a root; a pod that got one still starts
         warnings.append(
             f"the root {root} is a symlink to {os.path.realpath(root)}: FlashInfer's ninja rebuilds what it "
             "reaches through a link; pass the real path as --root"

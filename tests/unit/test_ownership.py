@@ -359,6 +359,31 @@ def test_a_fetch_that_cannot_write_its_root_points_vllm_elsewhere(node):
     assert required.returncode == 3, required.stderr
 
 
+def test_a_root_the_fetching_user_cannot_enter_is_a_cold_start_not_a_failed_pod(node, tmp_path):
+    """A root another user owns, that this one cannot even enter (0700; or 0750 root:root, as a root
+    fetch under umask 027 leaves it): fetch --env-file, as the Deployment runs it, and serve failed on
+    a PermissionError (a look for a symlink in it) before judging the root, and the pod never
+    started. The user here is root in a user namespace where the root's owner is not mapped: the
+    kernel grants it nothing there, as to any other user."""
+    root, env_file = node["base"] / "tiny", tmp_path / "vllm.env"
+    out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--owner", "2000:2000")
+    assert out.returncode == 0, out.stderr
+    root.chmod(0o700)
+    other = ["unshare", "--user", "--map-root-user", sys.executable, "-m", "warmer"]
+    fetched = subprocess.run([*other, "fetch", node["recipe"], "--store", node["store"], "--root", root,
+                              "--env-file", env_file], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert fetched.returncode == 0, fetched.stderr
+    assert f"{root} is not writable" in fetched.stderr
+    written = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+    assert written["TORCHINDUCTOR_CACHE_DIR"] != str(root / "inductor")
+    assert not [v for v in written.values() if v.startswith(str(root))]
+    served = subprocess.run([*other, "serve", node["recipe"], "--root", root, "--dry-run"], capture_output=True,
+                            text=True, cwd=REPO, timeout=120)
+    assert served.returncode == 0, served.stderr
+    assert f"{root} is not writable" in served.stderr
+    assert not [v for v in env_of(served).values() if v.startswith(str(root))]
+
+
 def test_owner_needs_root(node):
     out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", node["home"] / "r", "--owner", "0:0",
                  uid=SERVING, home=node["home"])
