@@ -168,6 +168,7 @@ def build(
         )
     if raw is not None:  # whatever the root holds: a job run again on a kept root has nothing to do
         _readable(store, raw, recipe.name, target.key)
+        _held_whole(store, raw, recipe.name, target.key)
         kept = _kept_signature(store, raw, recipe.name, target.key, signer) if signer else None
         return BuildResult(
             recipe.name, target.key, store.url, "already-published", warnings=warnings + ((kept,) if kept else ())
@@ -583,6 +584,26 @@ def _readable(store: Store, raw: bytes, name: str, key: str) -> None:
             f"recipe {name}, key {key[:16]} is published in {store.url}, but its entry is unreadable ({e}), "
             f"and every node refuses it: `warmer rm {store.url}/index/{name}/{key} --yes`, then publish again"
         ) from None
+
+
+def _held_whole(store: Store, raw: bytes, name: str, key: str) -> None:
+    """A key found published whose entry names a blob the store lacks (deleted by hand, by a
+    lifecycle rule, by a gc or rm that raced a layered publish): every node fetching it misses, and a
+    build run again said `already-published`. A new build makes other bytes: only the artifact file
+    it came from mends the entry (publish), or rm and a build again."""
+    try:
+        entry = IndexEntry.read(raw, name, key)
+    except WarmerError:  # another warmer's schema: _readable let it be
+        return
+    lost = [b.sha256 for b in entry.blobs if not store.has_blob(b.sha256)]
+    if lost:
+        url = f"{store.url}/index/{name}/{key}"
+        raise BuildError(
+            f"recipe {name}, key {key[:16]} is published in {store.url}, but the store lacks "
+            f"{len(lost)} blob(s) its entry names ({', '.join(sha[:12] for sha in lost)}), and every node "
+            f"fetching it misses: publish the artifact file it was built as again (`warmer publish FILE "
+            f"--store {store.url}` uploads what the entry lacks), or `warmer rm {url} --yes` and build again"
+        )
 
 
 def _sidecar_of(path: Path) -> signing.Signature | None:

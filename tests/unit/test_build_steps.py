@@ -283,6 +283,26 @@ def test_a_published_entry_nodes_cannot_read_fails_publish_and_build(tmp_path, e
     assert build.publish(store, Path(first.artifact)).status == "already-published"
 
 
+def test_a_published_key_whose_blob_is_gone_fails_the_build_that_would_say_already_published(
+        tmp_path, engine, model):
+    """A lifecycle rule (or a hand, or a gc that raced) deleted the blob of a published key: every
+    node fetching it misses, and the CI build run again said `already-published`, green. It fails
+    and names the fix; publishing the artifact file mends the entry, and the build then has nothing
+    to do."""
+    store = open_store(f"file://{tmp_path / 'store'}")
+    first = build.build(tiny_recipe(str(model)), store, tmp_path / "root", tmp_path / "a")
+    assert first.status == "published" and engine == ["cold", "verify"]
+    blob = first.publish.blob
+    store.delete_blob(blob)
+    with pytest.raises(build.BuildError, match=f"the store lacks 1 blob.*{blob[:12]}") as e:
+        build.build(tiny_recipe(str(model)), store, tmp_path / "root", tmp_path / "b")
+    assert "`warmer publish FILE" in str(e.value) and f"warmer rm {store.url}/index/tiny/{first.key} --yes" in str(e.value)
+    assert engine == ["cold", "verify"]  # refused before any warm-up
+    assert build.publish(store, Path(first.artifact)).status == "mended"
+    again = build.build(tiny_recipe(str(model)), store, tmp_path / "root", tmp_path / "c")
+    assert again.status == "already-published" and engine == ["cold", "verify"]
+
+
 def test_verify_starts_the_engine_with_the_env_the_artifact_is_served_with(tmp_path, engine, model):
     """A build that turned AOT off publishes that in serve_env; fetch and serve pass it on, and so
     must `warmer verify` on a node: with vLLM 0.32's default (AOT on) that start would compile. So
