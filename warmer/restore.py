@@ -1335,5 +1335,11 @@ def restore_file(
     # As fetch readies a root (activate): every cache directory made, and handed to owner. An
     # artifact holds none that is empty (FlashInfer's autotune dir on CPU), and `warmer serve` sends
     # vLLM to a cold directory of its own when one is missing: a baked image would start cold.
-    prepare(root, owner)
+    problem = prepare(root, owner)
+    if problem is not None:  # an image that ships so starts cold on every pod: said at its build
+        uid = owner[0] if owner else os.geteuid()
+        raise RestoreError(
+            f"{root} is restored, but not writable by uid {uid}, the user vLLM runs as: {problem}; vLLM would "
+            f"crash on its lock files there (`warmer serve` starts it cold instead). {ownership_fix(root, uid)}"
+        )
     return result

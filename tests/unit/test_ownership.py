@@ -278,6 +278,19 @@ def test_restore_of_a_file_hands_over_a_root_the_serving_user_is_served_from(nod
     assert env_of(served)["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
 
 
+def test_restore_of_a_file_fails_on_a_root_the_serving_user_cannot_get_to(node, packed):
+    """As fetch --owner judges it (an unwritable root, a cold start): an image built with
+    `warmer restore FILE --owner` under a directory only root may search shipped, and every pod
+    started cold. The restore fails there, at the image's build, with the fix."""
+    hidden = node["base"] / "hidden"
+    hidden.mkdir(parents=True)
+    hidden.chmod(0o700)  # root's
+    out = warmer("restore", packed("a").path, "--root", hidden / "tiny", "--owner", f"{SERVING}:{SERVING}")
+    assert out.returncode == 1, out.stderr
+    assert f"{hidden / 'tiny'} is restored, but not writable by uid {SERVING}" in out.stderr
+    assert f"`chmod o+x {hidden}`" in out.stderr
+
+
 def test_a_missing_cache_directory_is_made_only_where_the_serving_user_may_make_it(node):
     """A root handed over, then missing its FlashInfer autotune directory (an older warmer readied
     it). Where uid 1000 may make it, serve does and serves from the root, and doctor says what serve
