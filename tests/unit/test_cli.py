@@ -383,6 +383,24 @@ def test_fetch_refuses_a_value_dotenv_cannot_carry_before_fetching_and_shell_car
     assert EnvFile.parse(env_file.read_text(), str(env_file))["X_HEADERS"] == "X-A: 1\nX-B: it's $2"
 
 
+def test_restore_refuses_a_value_dotenv_cannot_carry_before_restoring(tmp_path):
+    """As fetch: the root was activated first, then no env file written, exit 1."""
+    from warmer.recipe import load
+
+    recipe = _recipe_with_env(tmp_path, 'X_HEADERS = """X-A: 1\nX-B: 2"""')
+    make_cache_tree(tmp_path / "src")
+    art = tmp_path / "a.tar.zst"
+    build.pack_root(tmp_path / "src", load(recipe), art)
+    root, env_file = tmp_path / "root", tmp_path / "vllm.env"
+    args = ["restore", art, "--root", root, "--recipe", recipe, "--env-file", env_file]
+    refused = run_warmer(*args, env=_env())
+    assert refused.returncode == 2, refused.stderr
+    assert "env X_HEADERS holds a newline" in refused.stderr and "use --env-format shell" in refused.stderr
+    assert not root.exists() and not env_file.exists()
+    shell = run_warmer(*args, "--env-format", "shell", env=_env())
+    assert shell.returncode == 0 and restore.active(root) is not None, shell.stderr
+
+
 def test_an_env_file_fetch_could_not_write_is_refused_before_fetching(tmp_path):
     """A root named in bytes that are not UTF-8 was a traceback once the root was restored; an
     --env-file that is a directory blamed its (writable) parent."""

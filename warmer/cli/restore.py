@@ -6,8 +6,10 @@ import argparse
 
 from warmer import api
 from warmer.cli import Output, add_env_out, add_limits, add_owner, add_root, add_trust, check_out_file, write_env
+from warmer.cli.fetch import check_env_format
 from warmer.cli.render import pairs
 from warmer.errors import EXIT_OK
+from warmer.recipe import load
 
 HELP = "restore a local artifact file into a root"
 ORDER = 70
@@ -37,6 +39,8 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out: Output) -> int:
     if args.env_file:
         check_out_file("--env-file", args.env_file, "give a file in a directory this user can write")
+    if args.recipe and (args.env_file or not args.json):  # as fetch: said before the root is touched
+        check_env_format(load(args.recipe), args.root, args.env_format if args.env_file else "shell")
     result = api.restore(
         args.file,
         args.root,
