@@ -367,7 +367,7 @@ def _artifact(
     exists: Callable[[str], bool] | None,
     trusted_keys: Sequence[str] = (),
 ) -> list[Finding]:
-    if root.is_symlink():
+    if os.path.islink(root):  # not Path's: a directory above this user cannot search is judged below
         return [
             Finding(
                 ERROR,
@@ -444,7 +444,9 @@ def _ownership(root: Path, owner: tuple[int, int] | None, active: bool) -> list[
             f"{problem}: uid {uid}, which vLLM runs as, cannot write it; torch "
             "and vLLM write lock and temporary files into the root even on a full hit, so vLLM exits with "
             "PermissionError (`warmer serve` starts it cold elsewhere instead)",
-            f"as root: `chown -R {uid}:{gid} {root}`, or fetch as root with `warmer fetch --owner {uid}:{gid}`"
+            f"`chmod o+x {blocked}`, or a root under directories uid {uid} can search"
+            if (blocked := restore.blocked_above(root, uid)) is not None
+            else f"as root: `chown -R {uid}:{gid} {root}`, or fetch as root with `warmer fetch --owner {uid}:{gid}`"
             f", or run the fetch as uid {uid} on a directory it owns",
         )
     ]
@@ -494,7 +496,11 @@ def diagnose(
                 )
             )
         findings += _artifact(env, root, marker, recipe, node, exists, trusted_keys)
-        if can_write is not None and root.is_dir():  # this machine's files, not a saved sample's
+        try:
+            there = root.is_dir()
+        except PermissionError:  # a directory above it this user cannot search: _ownership names it
+            there = True
+        if can_write is not None and there:  # this machine's files, not a saved sample's
             findings += _ownership(root, owner, marker is not None)
     order = {ERROR: 0, WARNING: 1, INFO: 2}
     findings.sort(key=lambda f: order[f.severity])

@@ -468,12 +468,14 @@ def _clean_leftovers(root: Path, owner: tuple[int, int] | None = None) -> None:
 
 def check_root(root: Path) -> Path:
     root = Path(os.path.abspath(root))
-    if root.is_symlink():
+    # os.path's tests, not Path's: a directory above the root this user cannot search (0750 root:root)
+    # is no usage error, the root's writability check names it and vLLM starts cold
+    if os.path.islink(root):
         raise UsageError(
             f"root {root} is a symlink to {os.path.realpath(root)}: pass the real path "
             "(FlashInfer's ninja rebuilds what it finds through a link)"
         )
-    if root.exists() and not root.is_dir():
+    if os.path.exists(root) and not os.path.isdir(root):
         raise UsageError(f"root {root} exists and is not a directory: choose a directory")
     if mount_point_at(root):
         raise UsageError(_mount_point(root))
@@ -566,7 +568,7 @@ def unwritable(
     that does not exist counts as one the user can make (prepare, or vLLM), judged by the nearest
     directory above it that does, as mkdir is; when root itself exists."""
     dirs = dirs or _writes_into(root)
-    if creatable and root.is_dir():
+    if creatable and os.path.isdir(root):
         dirs = list(dict.fromkeys(_nearest_existing(d) for d in dirs))
     other = owner if owner is not None and owner[0] != os.geteuid() else None
     for d in dirs:
@@ -574,6 +576,11 @@ def unwritable(
             st = os.stat(d)
         except FileNotFoundError:
             return f"{d} does not exist"
+        except PermissionError:  # stat needs only the way there: a directory above that this user cannot search
+            blocked = blocked_above(d, os.geteuid())
+            if blocked is None:
+                return f"{d}: permission denied"
+            return _no_way_through(blocked, os.stat(blocked), os.geteuid())
         except OSError as e:
             return f"{d}: {e.strerror}"
         if not stat.S_ISDIR(st.st_mode):
@@ -591,10 +598,29 @@ def unwritable(
         for p in sorted({p for d in dirs for p in d.parents}.difference(dirs)):
             st = os.stat(p)
             if not _may(other, st, 0o1):
-                return (
-                    f"{p} (above it) is owned by {st.st_uid}:{st.st_gid} with mode {stat.filemode(st.st_mode)}: "
-                    f"uid {other[0]} cannot get through it (`chmod o+x {p}`, or a root the serving user can reach)"
-                )
+                return _no_way_through(p, st, other[0])
+    return None
+
+
+def _no_way_through(p: Path, st: os.stat_result, uid: int) -> str:
+    return (
+        f"{p} (above it) is owned by {st.st_uid}:{st.st_gid} with mode {stat.filemode(st.st_mode)}: "
+        f"uid {uid} cannot get through it"
+    )
+
+
+def blocked_above(root: Path, uid: int) -> Path | None:
+    """The first directory above root that uid may not search (this process: as the kernel judges
+    it; another uid: by the others' bits), where no chown of the root helps; None when there is none."""
+    for p in reversed(root.parents):
+        try:
+            if uid == os.geteuid():
+                if not os.access(p, os.X_OK, effective_ids=True):
+                    return p
+            elif not _may((uid, -1), os.stat(p), 0o1):
+                return p
+        except OSError:  # one above it already blocks, or it is gone: judged by that one
+            return None
     return None
 
 
@@ -621,6 +647,9 @@ def ownership_fix(root: Path, uid: int) -> str:
         read_only = False
     if read_only:
         return "Fix: the filesystem is mounted read-only: mount it read-write, or choose a root on a writable volume"
+    blocked = blocked_above(root, uid)
+    if blocked is not None:  # no chown of the root helps, nor --owner
+        return f"Fix: `chmod o+x {blocked}`, or a root under directories uid {uid} can search"
     lock = f" {lock_path(root)}" if os.path.lexists(lock_path(root)) else ""
     return (
         f"Fix: fetch as root with `--owner {uid}:GID` (warmer hands the root over), or `chown -R {uid}:GID "

@@ -197,11 +197,9 @@ def plan(
     signing.check_public_keys(trusted_keys)
     distrust = (restore.distrusted(marker, trusted_keys) or restore.unfit(marker, node)) if marker else None
     warnings = []
-    try:
-        linked = root.is_symlink()
-    except OSError:  # a parent this user cannot enter: restore.unwritable below says so, served cold
-        linked = False
-    if linked:  # fetch and restore refuse such a root; a pod that got one still starts
+    # os.path's tests: a directory above the root this user cannot search is no error here, the
+    # writability check below names it and vLLM starts cold
+    if os.path.islink(root):  # fetch and restore refuse such a root; a pod that got one still starts
         warnings.append(
             f"the root {root} is a symlink to {os.path.realpath(root)}: FlashInfer's ninja rebuilds what it "
             "reaches through a link; pass the real path as --root"
@@ -223,7 +221,7 @@ def plan(
                 f"{root} holds artifact {marker.artifact.id[:12]}, but {distrust}: its code is not loaded, "
                 f"vLLM compiles from cold in {cold} (slow start) until a fetch replaces it"
             )
-        elif not root.exists():  # a mistyped --root, or no fetch: nothing to chown
+        elif problem == f"{root} does not exist":  # a mistyped --root, or no fetch: nothing to chown
             warnings.append(
                 f"no warmed cache is active in {root}: it does not exist (is --root mistyped, or did "
                 f"`warmer fetch` never run?); vLLM compiles from cold in {cold} (slow start)"

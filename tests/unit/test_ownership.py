@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import REPO, write_tiny_recipe
 from warmer import build, restore, workspace
+from warmer.envfile import EnvFile
 from warmer.recipe import load
 from warmer.store import open_store
 
@@ -251,8 +252,11 @@ def test_a_root_the_serving_user_cannot_get_to_is_not_handed_over_and_its_capabi
                  f"{SERVING}:{SERVING}", "--env-file", env_file, "--require")
     assert out.returncode == 3, out.stderr
     assert f"{root} is not writable by uid {SERVING}" in out.stderr
-    assert (f"{hidden} (above it) is owned by 0:0 with mode drwx------: uid {SERVING} cannot get through it "
-            f"(`chmod o+x {hidden}`, or a root the serving user can reach)") in out.stderr
+    assert (f"{hidden} (above it) is owned by 0:0 with mode drwx------: uid {SERVING} cannot get through it"
+            in out.stderr)
+    # the fix is the way there, not the root's owner: neither --owner (given) nor a chown of the root helps
+    assert f"Fix: `chmod o+x {hidden}`, or a root under directories uid {SERVING} can search" in out.stderr
+    assert "chown" not in out.stderr and "fetch as root with `--owner" not in out.stderr
     written = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
     assert not [v for v in written.values() if v.startswith(str(root))]
     assert {os.lstat(p).st_uid for p in [root, *root.rglob("*")]} == {SERVING}  # handed over all the same
@@ -288,7 +292,7 @@ def test_restore_of_a_file_fails_on_a_root_the_serving_user_cannot_get_to(node, 
     out = warmer("restore", packed("a").path, "--root", hidden / "tiny", "--owner", f"{SERVING}:{SERVING}")
     assert out.returncode == 1, out.stderr
     assert f"{hidden / 'tiny'} is restored, but not writable by uid {SERVING}" in out.stderr
-    assert f"`chmod o+x {hidden}`" in out.stderr
+    assert f"Fix: `chmod o+x {hidden}`" in out.stderr and "chown" not in out.stderr
 
 
 def test_a_missing_cache_directory_is_made_only_where_the_serving_user_may_make_it(node):
@@ -395,6 +399,35 @@ def test_a_root_the_fetching_user_cannot_enter_is_a_cold_start_not_a_failed_pod(
     assert served.returncode == 0, served.stderr
     assert f"{root} is not writable" in served.stderr
     assert not [v for v in env_of(served).values() if v.startswith(str(root))]
+
+
+def test_a_root_under_a_directory_the_user_cannot_search_is_a_cold_start_with_the_fix_that_helps(node, tmp_path):
+    """/cache and /cache/tiny both 0750 root:root (a root fetch under umask 027 made both): fetch
+    --env-file, serve and doctor as another user failed with a bare Permission denied (pathlib's
+    tests raise on EACCES). Now they judge the root: fetch and serve start vLLM cold, doctor reports
+    it, and the fix is the directory in the way, not a chown of the root. The user is root in a user
+    namespace where the owner is not mapped (the kernel grants it nothing there)."""
+    root, env_file = node["base"] / "tiny", tmp_path / "vllm.env"
+    assert warmer("fetch", node["recipe"], "--store", node["store"], "--root", root).returncode == 0
+    for d in (node["base"], root):
+        os.chown(d, 2000, 2000)
+        d.chmod(0o750)
+    other = ["unshare", "--user", "--map-root-user", sys.executable, "-m", "warmer"]
+
+    def run(*args):
+        return subprocess.run([*other, *map(str, args)], capture_output=True, text=True, cwd=REPO, timeout=120)
+
+    fix = f"`chmod o+x {node['base']}`"
+    fetched = run("fetch", node["recipe"], "--store", node["store"], "--root", root, "--env-file", env_file)
+    assert fetched.returncode == 0, fetched.stderr
+    assert fix in fetched.stderr and "chown" not in fetched.stderr
+    assert not [v for v in EnvFile.parse(env_file.read_text(), "f").vars.values() if v.startswith(str(root))]
+    served = run("serve", node["recipe"], "--root", root, "--dry-run")
+    assert served.returncode == 0, served.stderr
+    assert f"{node['base']} (above it) is owned by" in served.stderr and fix in served.stderr  # by nobody, here
+    assert not [v for v in env_of(served).values() if v.startswith(str(root))]
+    doctor = run("doctor", "--root", root, "--recipe", node["recipe"])
+    assert "ERROR   ownership" in doctor.stdout and fix in doctor.stdout, doctor.stdout + doctor.stderr
 
 
 def test_owner_needs_root(node):
