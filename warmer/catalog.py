@@ -402,7 +402,7 @@ def gc(
         u = unreadable[0]
         raise StoreError(
             f"index entry {u.recipe}/{u.key[:16]} in {store.url} is unreadable ({u.why}); gc cannot "
-            f"tell which blob it needs: remove it with `warmer rm {store.url}/index/{u.recipe}/{u.key}` "
+            f"tell which blob it needs: remove it with `warmer rm {store.url}/index/{u.recipe}/{u.key} --yes` "
             f"({len(unreadable)} unreadable in all)"
         )
     groups: dict[tuple, list[IndexEntry]] = defaultdict(list)

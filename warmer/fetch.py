@@ -180,7 +180,8 @@ def choose(
         if any(not d.ok and d.field in ("gpu.driver", "gpu.cuda_driver") for d in decided):
             misfit += (  # the drivers are ranged, not keyed: this node's own build of the key would stop
                 f"this key's artifact was built on a newer driver than this node's, and a key holds one: "
-                f"`warmer rm {store.url}/index/{recipe.name}/{key}` and build again on the fleet's oldest driver",
+                f"`warmer rm {store.url}/index/{recipe.name}/{key} --yes` and build again on the fleet's "
+                "oldest driver",
             )
         part = _part_of(entry, recipe, node, key, decided, misfit)
         if part is not None and root is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -149,6 +150,9 @@ def test_ls_and_gc_dry_run_show_orphan_blobs(store, tmp_path):
     listing = catalog.ls(store)
     assert [b.sha256 for b in listing.orphans] == [orphan] and listing.orphans[0].size == size
     assert f"1 orphan blob(s), {size / 1e6:.1f} MB that no index entry names" in ls.report(listing)
+    said = re.search(r"`(warmer gc [^`]+)`", ls.report(listing))[1].replace(" N ", " 1 ").split()
+    out = subprocess.run([sys.executable, "-m", "warmer", *said[1:]], capture_output=True, text=True)
+    assert out.returncode == 0 and f"kept: orphan blob {orphan[:16]}" in out.stdout, out.stderr  # as it says
     assert {"orphan_blob": orphan, "bytes": size}.items() <= listing.to_json()[-1].items()
     assert catalog.ls(store, "tiny").orphans is None  # one recipe's entries cannot say which blobs are orphans
     assert [r.key for r in catalog.ls(store, "tiny").rows] == [entry.key]
@@ -170,9 +174,14 @@ def test_gc_refuses_what_it_cannot_do_safely(store, tmp_path):
         catalog.gc(store, 0)
     store.put_index("broken", "f" * 64, b"{not json")
     before = state(store)
-    with pytest.raises(StoreError, match="index entry broken/f{16} .* is unreadable"):
+    with pytest.raises(StoreError, match="index entry broken/f{16} .* is unreadable") as e:
         catalog.gc(store, 1)
     assert state(store) == before  # it cannot know what that entry uses, so it deletes nothing
+    # the fix it names, as an operator pastes it, removes the entry (without --yes, a dry run)
+    fix = re.search(r"`(warmer rm [^`]+)`", str(e.value))[1].split()
+    out = subprocess.run([sys.executable, "-m", "warmer", *fix[1:]], capture_output=True, text=True)
+    assert out.returncode == 0 and ("broken", "f" * 64) not in store.list_index(), out.stderr
+    assert catalog.gc(store, 1).entries == 1  # it runs again
 
 
 def test_cli_ls_gc_inspect_on_a_file_store(tmp_path):

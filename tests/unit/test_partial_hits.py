@@ -423,7 +423,7 @@ def test_a_node_whose_driver_is_older_than_the_builds_is_told_the_way_out(tmp_pa
 
     got = fetch.fetch(tiny_recipe(), store, root, gpus=_gpus("h100-sxm"))
     assert got.status == "misfit", got.warnings
-    assert any(f"`warmer rm {store.url}/index/tiny/{published.key}` and build again on the fleet's oldest driver" in w
+    assert any(f"`warmer rm {store.url}/index/tiny/{published.key} --yes` and build again on the fleet's oldest driver" in w
                for w in got.warnings), got.warnings
 
 

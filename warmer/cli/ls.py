@@ -59,7 +59,7 @@ def report(r: Listing) -> str:
     # No entry names an orphan blob: an upload in flight or a lost publish race, gc's to delete.
     orphans = (
         f"{_orphans(r.orphans)} that no index entry names (an upload in flight, or left by an "
-        f"interrupted publish): `warmer gc --dry-run` lists them, gc deletes them once "
+        f"interrupted publish): `warmer gc --store {r.store} --keep N --dry-run` lists them, gc deletes them once "
         f"{grace_hours():.0f} h old"
         if r.orphans
         else None
