@@ -252,6 +252,28 @@ def test_an_unreadable_entry_is_listed_so_and_rm_removes_it(oci_registry, oci_en
     assert [r["key"] for r in cli_json("ls", "--store", url)] == [newer]
 
 
+def test_an_entry_whose_config_blob_is_gone_names_the_fix_that_works(oci_registry, oci_env, artifact, tmp_path):
+    """The config blob deleted from the registry (by hand, or its own cleanup): fetch said "publish it
+    again", and publishing again failed with that same line (it cannot read the entry to mend it).
+    The line now names rm and publish; pasted as printed, the node hits again."""
+    repo = oci_registry.repo()
+    url = oci_registry.url(repo)
+    build.publish(open_store(url), artifact["artifact"])
+    key = artifact["doc"]["key"]
+    base = f"http://{oci_registry.host}/v2/{repo}"
+    manifest = json.loads(http("GET", f"{base}/manifests/{index_tag('tiny', key)}", {"Accept": MANIFEST_TYPE})[2])
+    assert http("DELETE", f"{base}/blobs/{manifest['config']['digest']}")[0] == 202
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    fetched = run_warmer("fetch", recipe, "--store", url, "--root", tmp_path / "root")
+    assert "miss" in fetched.stderr or "error" in fetched.stderr, fetched.stderr
+    fix = re.search(r"`(warmer rm [^`]+)`, then publish the artifact again", fetched.stderr)
+    assert fix, fetched.stderr
+    assert run_warmer(*fix[1].split()[1:]).returncode == 0
+    assert run_warmer("publish", artifact["artifact"], "--store", url).returncode == 0
+    again = run_warmer("fetch", recipe, "--store", url, "--root", tmp_path / "root", "--require")
+    assert again.returncode == 0, again.stderr
+
+
 def test_a_config_that_never_arrives_whole_is_a_store_error_not_an_unreadable_entry(oci_registry, oci_proxy,
                                                                                     oci_env, artifact, tmp_path):
     """A link that cuts every read of an entry's config short says nothing of the entry: ls fails

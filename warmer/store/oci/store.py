@@ -253,7 +253,7 @@ class OCIStore(Store):
 
     # -- manifests ----------------------------------------------------------------------------
 
-    def _get_config(self, desc: dict, limit: int, what: str) -> bytes:
+    def _get_config(self, desc: dict, limit: int, what: str, fix: str = "remove it with `warmer rm`") -> bytes:
         digest, size = desc.get("digest", ""), desc.get("size")
         if not isinstance(digest, str) or not re.match(r"^sha256:[0-9a-f]{64}$", digest) or not isinstance(size, int):
             raise UnreadableEntry(
@@ -282,7 +282,7 @@ class OCIStore(Store):
                 "reads: corrupt in the registry or altered on the way; not used"
             ) from None
         if resp.status_code == 404:
-            raise UnreadableEntry(f"the config blob of {what} is missing from {self.url}: publish it again")
+            raise UnreadableEntry(f"the config blob of {what} is missing from {self.url}: {fix}")
         if body is None:
             raise self.registry.error(resp, "read", f"the config of {what}")
         return body
@@ -442,7 +442,9 @@ class OCIStore(Store):
         ann = manifest.get("annotations") or {}
         if ann.get(ANN_KEY) != key or ann.get(ANN_RECIPE) != recipe:
             return None  # another key sharing the first 16 hex digits: not this artifact
-        config = self._get_config(manifest["config"], limit, what)
+        # the entry's manifest names it: publish cannot read the entry to mend it, rm can remove it
+        fix = f"`warmer rm {self.url}/index/{recipe}/{key} --yes`, then publish the artifact again"
+        config = self._get_config(manifest["config"], limit, what, fix)
         return self._entry(manifest, config, what)[:limit]
 
     def _warmer_manifest(self, manifest: dict, tag: str) -> dict:
