@@ -117,7 +117,9 @@ class EnvFile:
                 if "\n" in v or v[:1] in ("'", '"') or v != v.rstrip():
                     raise EnvFileError(
                         f"env {k} holds a newline, a leading quote or trailing whitespace, which "
-                        "`docker run --env-file` reads differently from warmer: use --env-format shell"
+                        "`docker run --env-file` and `kubectl create configmap --from-env-file` read differently "
+                        "from warmer and no quoting fixes: change the value, or write --env-format shell and "
+                        "source that file in the container's command"
                     )
                 lines.append(f"{k}={v}")
             elif PLAIN.fullmatch(v):
