@@ -471,15 +471,22 @@ def check_root(root: Path) -> Path:
     # os.path's tests, not Path's: a directory above the root this user cannot search (0750 root:root)
     # is no usage error, the root's writability check names it and vLLM starts cold
     if os.path.islink(root):
-        raise UsageError(
-            f"root {root} is a symlink to {os.path.realpath(root)}: pass the real path "
-            "(FlashInfer's ninja rebuilds what it finds through a link)"
-        )
+        raise UsageError(linked_root(root))
     if os.path.exists(root) and not os.path.isdir(root):
         raise UsageError(f"root {root} exists and is not a directory: choose a directory")
     if mount_point_at(root):
         raise UsageError(_mount_point(root))
     return root
+
+
+def linked_root(root: Path) -> str:
+    """What a root that is a symlink costs, and the fixes: one path where the build's was this one
+    (the real path then differs from the build's root, and its path-bound caches rebuild too)."""
+    return (
+        f"root {root} is a symlink to {os.path.realpath(root)}: FlashInfer's ninja rebuilds what it finds "
+        f"through a link; pass the real path as --root, or, where the build's root was {root}, make that a "
+        f"real directory: mount the volume at {root.parent} (a link above it is resolved too)"
+    )
 
 
 def mount_point_at(root: Path) -> bool:

@@ -200,10 +200,7 @@ def plan(
     # os.path's tests: a directory above the root this user cannot search is no error here, the
     # writability check below names it and vLLM starts cold
     if os.path.islink(root):  # fetch and restore refuse such a root; a pod that got one still starts
-        warnings.append(
-            f"the root {root} is a symlink to {os.path.realpath(root)}: FlashInfer's ninja rebuilds what it "
-            "reaches through a link; pass the real path as --root"
-        )
+        warnings.append(restore.linked_root(root))
     problem = restore.unwritable(root)
     if problem is not None and marker is not None and restore.unwritable(root, creatable=True) is None:
         # A cache directory missing from an active root, where this user may make it (readied by an

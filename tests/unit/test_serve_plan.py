@@ -268,7 +268,9 @@ def test_a_root_that_is_a_symlink_is_served_with_the_warning_doctor_gives(tmp_pa
     link.symlink_to(real)
     out = run_warmer("serve", recipe, "--root", link, "--dry-run", env={**os.environ, "TMPDIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
-    assert f"the root {link} is a symlink to {real}" in out.stderr and "pass the real path" in out.stderr
+    assert f"root {link} is a symlink to {real}" in out.stderr and "pass the real path" in out.stderr
+    # where the build's root was the link's path, the real path would differ from it too: the other fix
+    assert f"make that a real directory: mount the volume at {tmp_path}" in out.stderr
 
 
 def test_serving_where_vllm_is_not_on_path_says_so(tmp_path):
