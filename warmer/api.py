@@ -320,6 +320,12 @@ def restore(
     )
 
 
+def artifact_recipe(artifact_file: PathLike) -> Recipe:
+    """The recipe an artifact file was built for, from the identity its artifact.json records (what
+    the env is written for when no recipe file is given)."""
+    return Recipe.from_artifact(_restore.read_artifact_file(Path(artifact_file)))
+
+
 def _same_recipe(given: Recipe, art: Artifact, artifact_file: PathLike, force: bool) -> None:
     """Refuse an artifact built for another recipe (another name, or the same name with another model,
     engine arg, env or workload): the env written from the given recipe would not be the one its caches

@@ -517,7 +517,7 @@ def _can_write(path: str) -> bool:
 def read_process_env(pid: int) -> dict[str, str]:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except ProcessLookupError:  # gone, or a zombie: its env is no longer shown
+    except (ProcessLookupError, FileNotFoundError):  # a zombie, or reaped: its env is no longer shown
         raise UsageError(f"process {pid} has exited: pass the pid of the running vLLM, or --env-file") from None
     except OSError as e:
         raise UsageError(

@@ -397,6 +397,10 @@ def test_restore_refuses_a_value_dotenv_cannot_carry_before_restoring(tmp_path):
     assert refused.returncode == 2, refused.stderr
     assert "env X_HEADERS holds a newline" in refused.stderr and "use --env-format shell" in refused.stderr
     assert not root.exists() and not env_file.exists()
+    without = [a for a in args if a not in ("--recipe", recipe)]  # the env for the artifact's own recipe
+    refused = run_warmer(*without, env=_env())
+    assert refused.returncode == 2 and "env X_HEADERS holds a newline" in refused.stderr, refused.stderr
+    assert not root.exists() and not env_file.exists()
     shell = run_warmer(*args, "--env-format", "shell", env=_env())
     assert shell.returncode == 0 and restore.active(root) is not None, shell.stderr
 

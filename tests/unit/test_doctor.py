@@ -350,6 +350,8 @@ def test_a_process_that_exited_or_shows_no_env_is_said_not_judged():
             doctor.diagnose_here(pid=gone.pid)
     finally:
         gone.wait()
+    with pytest.raises(UsageError, match=f"process {gone.pid} has exited"):  # reaped now
+        doctor.diagnose_here(pid=gone.pid)
     bare = _running({})
     try:
         with pytest.raises(UsageError, match=f"process {bare.pid} shows no environment.*--env-file"):

@@ -39,8 +39,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out: Output) -> int:
     if args.env_file:
         check_out_file("--env-file", args.env_file, "give a file in a directory this user can write")
-    if args.recipe and (args.env_file or not args.json):  # as fetch: said before the root is touched
-        check_env_format(load(args.recipe), args.root, args.env_format if args.env_file else "shell")
+    if args.env_file or (args.recipe and not args.json):  # as fetch: said before the root is touched
+        served = load(args.recipe) if args.recipe else api.artifact_recipe(args.file)
+        check_env_format(served, args.root, args.env_format if args.env_file else "shell")
     result = api.restore(
         args.file,
         args.root,
