@@ -17,11 +17,13 @@ import ctypes
 import dataclasses
 import errno
 import fcntl
+import functools
 import glob
 import io
 import json
 import logging
 import os
+import pwd
 import shutil
 import signal
 import stat
@@ -584,7 +586,7 @@ def unwritable(
         except FileNotFoundError:
             return f"{d} does not exist"
         except PermissionError:  # stat needs only the way there: a directory above that this user cannot search
-            blocked = blocked_above(d, os.geteuid())
+            blocked = blocked_above(d, (os.geteuid(), os.getegid()))
             if blocked is None:
                 return f"{d}: permission denied"
             return _no_way_through(blocked, os.stat(blocked), os.geteuid())
@@ -616,15 +618,16 @@ def _no_way_through(p: Path, st: os.stat_result, uid: int) -> str:
     )
 
 
-def blocked_above(root: Path, uid: int) -> Path | None:
-    """The first directory above root that uid may not search (this process: as the kernel judges
-    it; another uid: by the others' bits), where no chown of the root helps; None when there is none."""
+def blocked_above(root: Path, owner: tuple[int, int]) -> Path | None:
+    """The first directory above root that owner (uid, gid) may not search (this process: as the
+    kernel judges it; another user: by the mode bits, as _may), where no chown of the root helps;
+    None when there is none."""
     for p in reversed(root.parents):
         try:
-            if uid == os.geteuid():
+            if owner[0] == os.geteuid():
                 if not os.access(p, os.X_OK, effective_ids=True):
                     return p
-            elif not _may((uid, -1), os.stat(p), 0o1):
+            elif not _may(owner, os.stat(p), 0o1):
                 return p
         except OSError:  # one above it already blocks, or it is gone: judged by that one
             return None
@@ -639,22 +642,34 @@ def _nearest_existing(d: Path) -> Path:
 
 def _may(owner: tuple[int, int], st: os.stat_result, bits: int) -> bool:
     """Whether owner (uid, gid), without capabilities, has bits (1 search, 2 write, 4 read) on a
-    file, as the kernel decides from its mode: the owner's class, else the group's, else others'."""
+    file, as the kernel decides from its mode: the owner's class, else the group's (gid, or a group
+    this machine's group database gives the uid), else others'."""
     uid, gid = owner
-    shift = 6 if st.st_uid == uid else 3 if st.st_gid == gid else 0
+    shift = 6 if st.st_uid == uid else 3 if st.st_gid in _groups(uid, gid) else 0
     return uid == 0 or (st.st_mode >> shift) & bits == bits
 
 
-def ownership_fix(root: Path, uid: int) -> str:
-    """The commands that hand root (and its lock, beside it) to uid, for a message; on a read-only
-    filesystem, where no chown helps, that."""
+@functools.cache
+def _groups(uid: int, gid: int) -> frozenset[int]:
+    """gid and the supplementary groups of uid's user here (an image's vLLM user); only gid for a
+    uid without a passwd entry (a pod's groups come from its spec, which no file here holds)."""
+    try:
+        return frozenset(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid))
+    except (KeyError, OSError):
+        return frozenset({gid})
+
+
+def ownership_fix(root: Path, owner: tuple[int, int]) -> str:
+    """The commands that hand root (and its lock, beside it) to owner (uid, gid), for a message; on a
+    read-only filesystem, or past a directory above it owner may not search, where no chown helps, that."""
+    uid = owner[0]
     try:
         read_only = bool(os.statvfs(_nearest_existing(root)).f_flag & os.ST_RDONLY)
     except OSError:
         read_only = False
     if read_only:
         return "Fix: the filesystem is mounted read-only: mount it read-write, or choose a root on a writable volume"
-    blocked = blocked_above(root, uid)
+    blocked = blocked_above(root, owner)
     if blocked is not None:  # no chown of the root helps, nor --owner
         return f"Fix: `chmod o+x {blocked}`, or a root under directories uid {uid} can search"
     lock = f" {lock_path(root)}" if os.path.lexists(lock_path(root)) else ""
@@ -1019,7 +1034,8 @@ def activate(
         return Activation(status, root, restored, tuple(warnings))
     warnings.append(
         f"{root} is not writable by uid {uid}, the user vLLM runs as: {problem}; vLLM would crash on its lock "
-        f"files there, so the env points it at {cold} (a cold start). {ownership_fix(root, uid)}"
+        f"files there, so the env points it at {cold} (a cold start). "
+        f"{ownership_fix(root, owner or (os.geteuid(), os.getegid()))}"
     )
     return Activation("unwritable" if status in (*ACTIVE, PARTIAL) else status, cold, restored, tuple(warnings))
 
@@ -1376,6 +1392,7 @@ def restore_file(
         uid = owner[0] if owner else os.geteuid()
         raise RestoreError(
             f"{root} is restored, but not writable by uid {uid}, the user vLLM runs as: {problem}; vLLM would "
-            f"crash on its lock files there (`warmer serve` starts it cold instead). {ownership_fix(root, uid)}"
+            f"crash on its lock files there (`warmer serve` starts it cold instead). "
+            f"{ownership_fix(root, owner or (uid, os.getegid()))}"
         )
     return result

@@ -227,7 +227,7 @@ def plan(
             warnings.append(
                 f"{root} is not writable by this user (uid {os.geteuid()}): {problem}; vLLM would crash on "
                 f"its lock files there, so it starts cold in {cold}. "
-                f"{restore.ownership_fix(root, os.geteuid())}"
+                f"{restore.ownership_fix(root, (os.geteuid(), os.getegid()))}"
             )
         # fetch's env file points the caches into that root: there the cold root's caches win over
         # it, as does any other value naming the root; the file's other values still apply.

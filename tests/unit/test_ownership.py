@@ -430,6 +430,30 @@ def test_a_root_under_a_directory_the_user_cannot_search_is_a_cold_start_with_th
     assert "ERROR   ownership" in doctor.stdout and fix in doctor.stdout, doctor.stdout + doctor.stderr
 
 
+def test_the_fix_for_a_root_past_a_directory_names_the_one_the_serving_user_cannot_search(shared):
+    """/x is 0750 root:1000, so uid 1000 of group 1000 gets through it by its group: the fix is not to
+    open /x to everyone. Past /x/y (0700 root:root) only chmod of /x/y helps; where the way is open
+    and the root is root's, the chown."""
+    from warmer import doctor
+
+    owner = (SERVING, SERVING)
+    x = shared / "x"
+    x.mkdir(mode=0o750)
+    os.chown(x, 0, SERVING)
+    (x / "tiny").mkdir(mode=0o755)  # root's, as a root fetch without --owner leaves it
+    assert restore.blocked_above(x / "tiny", owner) is None
+    assert "chown -R" in restore.ownership_fix(x / "tiny", owner) and "chmod" not in restore.ownership_fix(
+        x / "tiny", owner)
+    [found] = doctor._ownership(x / "tiny", owner, False)
+    assert "chown -R" in found.fix and "chmod" not in found.fix
+    assert restore.blocked_above(x / "tiny", (SERVING, 4242)) == x  # another group: /x is in the way
+
+    y = x / "y"
+    y.mkdir(mode=0o700)
+    assert restore.blocked_above(y / "tiny", owner) == y
+    assert restore.ownership_fix(y / "tiny", owner).startswith(f"Fix: `chmod o+x {y}`")
+
+
 def test_owner_needs_root(node):
     out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", node["home"] / "r", "--owner", "0:0",
                  uid=SERVING, home=node["home"])
