@@ -251,8 +251,8 @@ def test_a_read_only_root_is_said_so_not_blamed_on_its_owner(small_fs, packed):
     restore.restore_file(packed("A").path, fs / "root")
     subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
     assert restore.unwritable(fs / "root") == f"{fs / 'root'} is on a read-only filesystem"
-    assert "mounted read-only" in restore.ownership_fix(fs / "root", 1000)
-    assert "chown" not in restore.ownership_fix(fs / "root", 1000)
+    assert "mounted read-only" in restore.ownership_fix(fs / "root", (1000, 1000))
+    assert "chown" not in restore.ownership_fix(fs / "root", (1000, 1000))
 
 
 def test_a_root_that_is_a_mount_point_is_refused_with_its_fix(tmp_path, small_fs, packed):
