@@ -690,7 +690,7 @@ def _replaceable(root: Path) -> str | None:
         return None
     return (
         f"{root} holds files warmer did not put there (no {MARKER} or {PREPARED}): a restore would replace "
-        "them; pass --force if that is intended, or choose another root"
+        "them: remove them, or choose another root (`warmer restore` replaces them with --force)"
     )
 
 

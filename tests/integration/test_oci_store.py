@@ -365,6 +365,17 @@ def test_a_credential_helper_is_asked(oci_htpasswd_registry, oci_env, tmp_path, 
     (oci_env / "config.json").write_text(json.dumps({"credsStore": "missing-helper"}))
     with pytest.raises(StoreError, match="docker-credential-missing-helper, named in .* is not on PATH"):
         open_store(reg.url(reg.repo())).has_blob("ab" * 32)
+    # one that hangs: its 60 s stood in for by the timeout it ends in; the check to run names this host
+    from warmer.store.oci import auth
+
+    def hangs(argv, **kw):
+        raise subprocess.TimeoutExpired(argv, kw.get("timeout"))
+
+    (oci_env / "config.json").write_text(json.dumps({"credHelpers": {reg.host: "warmertest"}}))
+    monkeypatch.setattr(auth.subprocess, "run", hangs)
+    with pytest.raises(StoreError, match=rf"did not answer in 60 s: check that it works with "
+                                         rf"`echo {re.escape(reg.host)} \| docker-credential-warmertest get`"):
+        open_store(reg.url(reg.repo())).has_blob("ab" * 32)
 
 
 def test_credentials_go_to_the_registrys_own_address_alone(oci_env, tmp_path, artifact):

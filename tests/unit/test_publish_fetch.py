@@ -123,6 +123,7 @@ def test_a_root_of_someone_elses_files_is_left_as_it_is_fetch_after_fetch(publis
         assert sorted(p.name for p in root.iterdir()) == ["my-notes.txt"]
         assert not str(got.env.vars["VLLM_CACHE_ROOT"]).startswith(str(root)), got.env.vars
         assert any("warmer did not put there" in w for w in got.warnings), got.warnings
+        assert not any("pass --force" in w for w in got.warnings)  # fetch has no --force
 
 
 def test_a_root_of_cache_directories_alone_is_warmers_even_without_its_mark(published, tmp_path):

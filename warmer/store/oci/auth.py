@@ -95,7 +95,7 @@ def _helper(name: str, host: str, source: str) -> Credentials | None:
     except subprocess.TimeoutExpired:
         raise StoreError(
             f"credential helper {binary} (named in {source}) did not answer in 60 s: "
-            "check that it works with `echo HOST | {binary} get`"
+            f"check that it works with `echo {host} | {binary} get`"
         ) from None
     if out.returncode != 0:
         return None  # "credentials not found in native keychain": none for this registry
