@@ -492,7 +492,7 @@ def diagnose(
                     str(root),
                     f"the root {root} is a mount point: a restore builds the new root beside it and renames it "
                     "into place, which a mount point refuses, so fetch and build stop with a usage error",
-                    f"mount the volume one level up (at {root.parent}, say) and keep {root} as a directory in it",
+                    restore.mount_point_fix(root),
                 )
             )
         findings += _artifact(env, root, marker, recipe, node, exists, trusted_keys)

@@ -518,9 +518,19 @@ def _mount_id(path: Path) -> int | None:
 def _mount_point(root: Path) -> str:
     return (
         f"root {root} is a mount point: a restore builds the new root beside it and renames it into "
-        "place, which a mount point refuses (every fetch would start cold); mount the volume one level up "
-        f"(at {root.parent}, say) and keep --root {root}, a directory in it"
+        f"place, which a mount point refuses (every fetch would start cold); {mount_point_fix(root)}"
     )
+
+
+def mount_point_fix(root: Path) -> str:
+    """A volume mounted at the root: a directory in it is the root (a mount at / is no pod's)."""
+    inside = (
+        f"keep the volume and give a directory in it as the root (--root {root}/RECIPE, as the shipped "
+        "manifests do; the build's root is then that path too)"
+    )
+    if root.parent == Path(root.anchor):
+        return inside
+    return f"{inside}, or mount the volume one level up (at {root.parent}) and keep --root {root}"
 
 
 # -- ownership: the serving user must write the root ------------------------------------------------

@@ -96,7 +96,7 @@ def test_a_root_that_is_a_mount_point_is_an_error_as_fetch_refuses_it():
     """A volume mounted at the root itself: fetch and build refuse it (exit 2); doctor said 0 errors."""
     mounted_at_root = sample("hostpath") + f"1600 1538 259:3 / {ROOT} rw,relatime - ext4 /dev/nvme2n1 rw\n"
     [f] = by(doctor.diagnose(cache_env_under(ROOT), mounted_at_root, root=Path(ROOT)), check="root")
-    assert f.severity == "error" and "is a mount point" in f.what and "mount the volume one level up" in f.fix
+    assert f.severity == "error" and "is a mount point" in f.what and f"--root {ROOT}/RECIPE" in f.fix and "one level up (at /cache)" in f.fix
     assert not by(doctor.diagnose(cache_env_under(ROOT), sample("hostpath"), root=Path(ROOT)), check="root")
 
 

@@ -266,7 +266,9 @@ def test_a_root_that_is_a_mount_point_is_refused_with_its_fix(tmp_path, small_fs
     volume = small_fs("root", "size=8m")
     with pytest.raises(UsageError, match=f"root {volume} is a mount point") as refused:
         restore.restore_file(path, volume)
-    assert f"mount the volume one level up (at {volume.parent}, say)" in str(refused.value)
+    assert f"mount the volume one level up (at {volume.parent})" in str(refused.value)
+    assert f"--root {volume}/RECIPE" in str(refused.value)
+    assert "one level up" not in restore.mount_point_fix(Path("/cache"))  # no pod mounts a volume at /
     assert not list(volume.iterdir()) and not list(tmp_path.glob(".root.staging-*"))
     out = subprocess.run([sys.executable, "-m", "warmer", "restore", str(path), "--root", str(volume)],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
