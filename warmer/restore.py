@@ -682,10 +682,14 @@ def ownership_fix(root: Path, owner: tuple[int, int]) -> str:
     blocked = blocked_above(root, owner)
     if blocked is not None:  # no chown of the root helps, nor --owner
         return f"Fix: `chmod o+x {blocked}`, or a root under directories uid {uid} can search"
-    lock = f" {lock_path(root)}" if os.path.lexists(lock_path(root)) else ""
+    if os.path.lexists(root):
+        lock = f" {lock_path(root)}" if os.path.lexists(lock_path(root)) else ""
+        chown = f"`chown -R {uid}:GID {root}{lock}` as root"
+    else:  # not made: the directory it and its lock are made in is the one to hand over
+        chown = f"`chown {uid}:GID {root.parent}` as root (the fetch makes the root and its lock there)"
     return (
-        f"Fix: fetch as root with `--owner {uid}:GID` (warmer hands the root over), or `chown -R {uid}:GID "
-        f'{root}{lock}` as root, or run the fetch as uid {uid} on a directory it owns (README, "Ownership")'
+        f"Fix: fetch as root with `--owner {uid}:GID` (warmer hands the root over), or {chown}, "
+        f'or run the fetch as uid {uid} on a directory it owns (README, "Ownership")'
     )
 
 

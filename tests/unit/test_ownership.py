@@ -383,6 +383,13 @@ def test_a_fetch_that_cannot_write_its_root_points_vllm_elsewhere(node):
     required = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--require",
                       uid=SERVING, home=node["home"])
     assert required.returncode == 3, required.stderr
+    # the root was never made: the fix hands over the directory it and its lock are made in (a chown -R
+    # of the root named a path that does not exist), and followed, the next fetch hits
+    assert f"`chown {SERVING}:GID {node['base']}` as root" in out.stderr and "chown -R" not in out.stderr
+    os.chown(node["base"], SERVING, SERVING)
+    fixed = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--require",
+                   uid=SERVING, home=node["home"])
+    assert fixed.returncode == 0, fixed.stderr
 
 
 def test_a_root_the_fetching_user_cannot_enter_is_a_cold_start_not_a_failed_pod(node, tmp_path):
