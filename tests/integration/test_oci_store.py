@@ -274,6 +274,42 @@ def test_an_entry_whose_config_blob_is_gone_names_the_fix_that_works(oci_registr
     assert again.returncode == 0, again.stderr
 
 
+def test_a_tag_someone_else_pushed_at_an_entrys_name_is_not_said_removed(oci_registry, oci_env, artifact, tmp_path):
+    """An image pushed by another tool under warmer's tag for a key: fetch misses and publish fails,
+    naming it. rm said `removed` and left the tag, so both went on failing: rm now fails, naming the
+    registry's own tools; with the tag removed as it says, publish and fetch work."""
+    repo = oci_registry.repo()
+    url, base = oci_registry.url(repo), f"http://{oci_registry.host}/v2/{repo}"
+    key = artifact["doc"]["key"]
+    tag = index_tag("tiny", key)
+
+    def blob(data: bytes) -> dict:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        status, headers, _ = http("POST", f"{base}/blobs/uploads/")
+        where = headers["Location"]
+        where = where if where.startswith("http") else f"http://{oci_registry.host}{where}"
+        sep = "&" if "?" in where else "?"
+        assert http("PUT", f"{where}{sep}digest={digest}", {"Content-Type": "application/octet-stream"}, data=data)[0] == 201
+        return {"digest": digest, "size": len(data)}
+
+    image = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+             "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(b'{"os":"linux"}')},
+             "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **blob(b"not a cache")}]}
+    assert http("PUT", f"{base}/manifests/{tag}", {"Content-Type": image["mediaType"]},
+                data=json.dumps(image).encode())[0] == 201
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml")
+    fetched = run_warmer("fetch", recipe, "--store", url, "--root", tmp_path / "root")
+    assert f"skopeo delete docker://{oci_registry.host}/{repo}:{tag}" in fetched.stderr, fetched.stderr
+    rm = run_warmer("rm", f"{url}/index/tiny/{key}", "--yes")
+    assert rm.returncode == 1 and "holds no warmer artifact" in rm.stderr and "skopeo delete" in rm.stderr, rm.stderr
+    # what `skopeo delete` does: the tag's manifest deleted by its digest
+    digest = http("HEAD", f"{base}/manifests/{tag}", {"Accept": image["mediaType"]})[1]["Docker-Content-Digest"]
+    assert http("DELETE", f"{base}/manifests/{digest}")[0] == 202
+    assert run_warmer("publish", artifact["artifact"], "--store", url).returncode == 0
+    again = run_warmer("fetch", recipe, "--store", url, "--root", tmp_path / "root", "--require")
+    assert again.returncode == 0, again.stderr
+
+
 def test_a_config_that_never_arrives_whole_is_a_store_error_not_an_unreadable_entry(oci_registry, oci_proxy,
                                                                                     oci_env, artifact, tmp_path):
     """A link that cuts every read of an entry's config short says nothing of the entry: ls fails

@@ -447,13 +447,18 @@ class OCIStore(Store):
         config = self._get_config(manifest["config"], limit, what, fix)
         return self._entry(manifest, config, what)[:limit]
 
+    def _foreign_fix(self, tag: str) -> str:
+        return (
+            f"remove the tag with the registry's own tools (`skopeo delete docker://{self.host}/{self.repo}:{tag}`, "
+            "or its UI), or keep warmer's artifacts in a repository of their own"
+        )
+
     def _warmer_manifest(self, manifest: dict, tag: str) -> dict:
         config, layers = manifest.get("config") or {}, manifest.get("layers")
         if config.get("mediaType") != CONFIG_TYPE or not isinstance(layers, list) or not layers:
             raise UnreadableEntry(
                 f"tag {tag} in {self.host}/{self.repo} is not a warmer artifact (config "
-                f"{config.get('mediaType')!r}): remove the tag, or keep warmer's artifacts in a "
-                "repository of their own"
+                f"{config.get('mediaType')!r}): {self._foreign_fix(tag)}"
             )
         return manifest
 
@@ -538,7 +543,12 @@ class OCIStore(Store):
         digest, manifest = got
         ann = manifest.get("annotations") or {}
         if ann.get(ANN_KEY) != key:
-            return  # the tag holds another key's artifact
+            if ann.get(ANN_RECIPE) == recipe and HEX64.match(str(ann.get(ANN_KEY))):
+                return  # another key's artifact, sharing the tag's 16 hex digits: this key has none
+            raise StoreError(  # rm must not say removed: publish and fetch still stop at this tag
+                f"tag {tag} in {self.host}/{self.repo} holds no warmer artifact, and warmer deletes only what it "
+                f"wrote: {self._foreign_fix(tag)}"
+            )
         other = self._other_tag(tag, digest)
         if other is not None:
             raise StoreError(
