@@ -444,10 +444,7 @@ def _ownership(root: Path, owner: tuple[int, int] | None, active: bool) -> list[
             f"{problem}: uid {uid}, which vLLM runs as, cannot write it; torch "
             "and vLLM write lock and temporary files into the root even on a full hit, so vLLM exits with "
             "PermissionError (`warmer serve` starts it cold elsewhere instead)",
-            f"`chmod o+x {blocked}`, or a root under directories uid {uid} can search"
-            if (blocked := restore.blocked_above(root, (uid, gid))) is not None
-            else f"as root: `chown -R {uid}:{gid} {root}`, or fetch as root with `warmer fetch --owner {uid}:{gid}`"
-            f", or run the fetch as uid {uid} on a directory it owns",
+            restore.ownership_fix(root, (uid, gid)).removeprefix("Fix: "),
         )
     ]
 

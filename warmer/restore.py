@@ -635,6 +635,8 @@ def blocked_above(root: Path, owner: tuple[int, int]) -> Path | None:
     for p in reversed(root.parents):
         try:
             if owner[0] == os.geteuid():
+                if not os.path.exists(p):  # made later, by mkdir: judged by the one above, which passed
+                    return None
                 if not os.access(p, os.X_OK, effective_ids=True):
                     return p
             elif not _may(owner, os.stat(p), 0o1):
@@ -670,9 +672,10 @@ def _groups(uid: int, gid: int) -> frozenset[int]:
 
 
 def ownership_fix(root: Path, owner: tuple[int, int]) -> str:
-    """The commands that hand root (and its lock, beside it) to owner (uid, gid), for a message; on a
-    read-only filesystem, or past a directory above it owner may not search, where no chown helps, that."""
-    uid = owner[0]
+    """The commands that hand root to owner (uid, gid), for a message: the directory above it too,
+    where a fetch as that user makes its lock, its staging directory and the new root; on a read-only
+    filesystem, or past a directory above it owner may not search, where no chown helps, that."""
+    uid, gid = owner
     try:
         read_only = bool(os.statvfs(_nearest_existing(root)).f_flag & os.ST_RDONLY)
     except OSError:
@@ -682,14 +685,21 @@ def ownership_fix(root: Path, owner: tuple[int, int]) -> str:
     blocked = blocked_above(root, owner)
     if blocked is not None:  # no chown of the root helps, nor --owner
         return f"Fix: `chmod o+x {blocked}`, or a root under directories uid {uid} can search"
-    if os.path.lexists(root):
+    parent = root.parent
+    if parent == Path(root.anchor):  # never hand / over: a directory of roots instead
+        chown = (
+            f"a root in a directory of its own (`install -d -o {uid} -g {gid} /cache`, then --root /cache/{root.name})"
+        )
+    elif not os.path.lexists(parent):
+        chown = f"`install -d -o {uid} -g {gid} {parent}` as root"
+    elif os.path.lexists(root):
         lock = f" {lock_path(root)}" if os.path.lexists(lock_path(root)) else ""
-        chown = f"`chown -R {uid}:GID {root}{lock}` as root"
-    else:  # not made: the directory it and its lock are made in is the one to hand over
-        chown = f"`chown {uid}:GID {root.parent}` as root (the fetch makes the root and its lock there)"
+        chown = f"`chown {uid}:{gid} {parent} && chown -R {uid}:{gid} {root}{lock}` as root"
+    else:
+        chown = f"`chown {uid}:{gid} {parent}` as root"
     return (
-        f"Fix: fetch as root with `--owner {uid}:GID` (warmer hands the root over), or {chown}, "
-        f'or run the fetch as uid {uid} on a directory it owns (README, "Ownership")'
+        f"Fix: fetch as root with `--owner {uid}:{gid}` (warmer hands the root over), or {chown} (a fetch as "
+        f'uid {uid} makes its lock and the new root in {parent}), or run it on a directory uid {uid} owns (README, "Ownership")'
     )
 
 
@@ -700,8 +710,15 @@ def _replaceable(root: Path) -> str | None:
     if (root / MARKER).is_file() or (root / PREPARED).is_file():
         return None
     # empty, or only the cache directories warmer points vLLM at: its mark lost (a cleaner of old files)
-    if {p.name for p in root.iterdir()} <= {c.subdir.split("/")[0] for c in components.ALL}:
+    names = {p.name for p in root.iterdir()}
+    if names <= {c.subdir.split("/")[0] for c in components.ALL}:
         return None
+    roots = sorted(n for n in names if (root / n / MARKER).is_file() or (root / n / PREPARED).is_file())
+    if roots:  # --root /cache for --root /cache/RECIPE: what is there is every recipe's warmed cache
+        return (
+            f"{root} holds warmer roots ({', '.join(roots[:3])}{', …' if len(roots) > 3 else ''}): it is a "
+            f"directory of roots, not a root: pass --root {root}/RECIPE, or --all with --root-base {root}"
+        )
     return (
         f"{root} holds files warmer did not put there (no {MARKER} or {PREPARED}): a restore would replace "
         "them: remove them, or choose another root (`warmer restore` replaces them with --force)"

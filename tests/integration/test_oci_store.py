@@ -299,12 +299,16 @@ def test_a_tag_someone_else_pushed_at_an_entrys_name_is_not_said_removed(oci_reg
                 data=json.dumps(image).encode())[0] == 201
     recipe = write_tiny_recipe(tmp_path / "tiny.toml")
     fetched = run_warmer("fetch", recipe, "--store", url, "--root", tmp_path / "root")
-    assert f"skopeo delete docker://{oci_registry.host}/{repo}:{tag}" in fetched.stderr, fetched.stderr
+    # plain HTTP on loopback, as warmer reached it: skopeo must be told so
+    assert f"skopeo delete --tls-verify=false docker://{oci_registry.host}/{repo}:{tag}" in fetched.stderr, fetched.stderr
     rm = run_warmer("rm", f"{url}/index/tiny/{key}", "--yes")
     assert rm.returncode == 1 and "holds no warmer artifact" in rm.stderr and "skopeo delete" in rm.stderr, rm.stderr
-    # what `skopeo delete` does: the tag's manifest deleted by its digest
-    digest = http("HEAD", f"{base}/manifests/{tag}", {"Accept": image["mediaType"]})[1]["Docker-Content-Digest"]
-    assert http("DELETE", f"{base}/manifests/{digest}")[0] == 202
+    command = re.search(r"`(skopeo delete [^`]+)`", rm.stderr)[1]
+    if shutil.which("skopeo"):  # as printed
+        assert subprocess.run(command.split(), capture_output=True, text=True, timeout=60).returncode == 0
+    else:  # what it does: the tag's manifest deleted by its digest
+        digest = http("HEAD", f"{base}/manifests/{tag}", {"Accept": image["mediaType"]})[1]["Docker-Content-Digest"]
+        assert http("DELETE", f"{base}/manifests/{digest}")[0] == 202
     assert run_warmer("publish", artifact["artifact"], "--store", url).returncode == 0
     again = run_warmer("fetch", recipe, "--store", url, "--root", tmp_path / "root", "--require")
     assert again.returncode == 0, again.stderr

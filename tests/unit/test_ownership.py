@@ -9,6 +9,7 @@ any directory, and writes only where its uid may, which is all these tests are a
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -90,7 +91,7 @@ def test_a_root_owned_root_is_never_handed_to_vllm(node):
                      home=node["home"])
     assert refused.returncode == 3, refused.stderr
     assert f"{root} is not writable by this user (uid {SERVING})" in refused.stderr
-    assert f"chown -R {SERVING}:GID {root}" in refused.stderr and f"--owner {SERVING}:GID" in refused.stderr
+    assert f"chown -R {SERVING}:{SERVING} {root}" in refused.stderr and f"--owner {SERVING}:{SERVING}" in refused.stderr
 
     cold_start = warmer("serve", node["recipe"], "--root", root, "--dry-run", uid=SERVING, home=node["home"])
     assert cold_start.returncode == 0, cold_start.stderr
@@ -116,7 +117,8 @@ def test_the_lock_a_root_fetch_left_is_named_with_its_fix(node):
     lock = restore.lock_path(root)
     assert warmer("fetch", node["recipe"], "--store", node["store"], "--root", root).returncode == 0
     refused = warmer("serve", node["recipe"], "--root", root, "--dry-run", uid=SERVING, home=node["home"])
-    assert f"chown -R {SERVING}:GID {root} {lock}` as root" in refused.stderr, refused.stderr
+    assert (f"chown {SERVING}:{SERVING} {node['base']} && chown -R {SERVING}:{SERVING} {root} {lock}` as root"
+            in refused.stderr), refused.stderr
     for p in (node["base"], *root.rglob("*"), root):  # the root handed over, its lock not
         os.lchown(p, SERVING, SERVING)
     out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--require", uid=SERVING,
@@ -183,6 +185,28 @@ def test_a_cold_directory_another_user_made_first_in_a_shared_tmp_is_not_taken(n
                    TMPDIR=str(tmp))
     assert Path(env_of(again)["TORCHINDUCTOR_CACHE_DIR"]).parent == planted, again.stderr
     assert (os.lstat(planted).st_uid, stat.S_IMODE(os.lstat(planted).st_mode)) == (SERVING, 0o700)
+
+
+def test_the_printed_chown_lets_the_serving_users_fetch_activate_the_next_build(node, packed):
+    """A root fetched by root without --owner: the fix serve prints, pasted, must hold past the next
+    build. It chowned the root (and its lock) alone: the next fetch as the serving user, of a new build
+    of the key, failed making its staging directory beside the root, and vLLM went on with the old."""
+    root = node["base"] / "tiny"
+    assert warmer("fetch", node["recipe"], "--store", node["store"], "--root", root).returncode == 0
+    said = warmer("serve", node["recipe"], "--root", root, "--dry-run", uid=SERVING, home=node["home"]).stderr
+    fix = re.search(r"or `(chown [^`]+)` as root", said)
+    assert fix, said
+    subprocess.run(["sh", "-c", fix[1]], check=True)
+    store = open_store(node["store"])
+    [(_, key)] = store.list_index()
+    assert warmer("rm", f"{node['store']}/index/tiny/{key}", "--yes").returncode == 0
+    newer = packed("newer", extra={"inductor/newer.bin": b"a newer build"})
+    assert newer.artifact.key == key
+    build.publish(store, newer.path)
+    out = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--require", uid=SERVING,
+                 home=node["home"])
+    assert out.returncode == 0, out.stderr
+    assert (root / "inductor" / "newer.bin").read_bytes() == b"a newer build"
 
 
 def test_owner_hands_the_restored_root_to_the_serving_user(node):
@@ -385,7 +409,7 @@ def test_a_fetch_that_cannot_write_its_root_points_vllm_elsewhere(node):
     assert required.returncode == 3, required.stderr
     # the root was never made: the fix hands over the directory it and its lock are made in (a chown -R
     # of the root named a path that does not exist), and followed, the next fetch hits
-    assert f"`chown {SERVING}:GID {node['base']}` as root" in out.stderr and "chown -R" not in out.stderr
+    assert f"`chown {SERVING}:{SERVING} {node['base']}` as root" in out.stderr and "chown -R" not in out.stderr
     os.chown(node["base"], SERVING, SERVING)
     fixed = warmer("fetch", node["recipe"], "--store", node["store"], "--root", root, "--require",
                    uid=SERVING, home=node["home"])
@@ -468,6 +492,12 @@ def test_the_fix_for_a_root_past_a_directory_names_the_one_the_serving_user_cann
     y.mkdir(mode=0o700)
     assert restore.blocked_above(y / "tiny", owner) == y
     assert restore.ownership_fix(y / "tiny", owner).startswith(f"Fix: `chmod o+x {y}`")
+    # a directory that does not exist yet is made, not searched: no chmod of it; nor is / ever handed over
+    missing = shared / "not-yet" / "cache" / "tiny"
+    assert restore.blocked_above(missing, (os.geteuid(), os.getegid())) is None
+    assert f"`install -d -o {SERVING} -g {SERVING} {missing.parent}` as root" in restore.ownership_fix(missing, owner)
+    at_top = restore.ownership_fix(Path("/warmer-test-tiny"), owner)
+    assert "chown 1000:1000 / " not in at_top and "install -d" in at_top and "--root /cache/warmer-test-tiny" in at_top
 
 
 def test_owner_needs_root(node):

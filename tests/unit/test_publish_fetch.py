@@ -126,6 +126,18 @@ def test_a_root_of_someone_elses_files_is_left_as_it_is_fetch_after_fetch(publis
         assert not any("pass --force" in w for w in got.warnings)  # fetch has no --force
 
 
+def test_a_directory_of_roots_given_as_the_root_is_named_so_not_to_be_removed(published, tmp_path):
+    """--root /cache for --root /cache/RECIPE: the advice for files warmer did not put there was to
+    remove them, which here is every recipe's warmed cache."""
+    base = tmp_path / "cache"
+    assert fetch.fetch(published["recipe"], published["store"].url, base / "tiny").hit
+    got = fetch.fetch(published["recipe"], published["store"].url, base)
+    assert not got.hit and (base / "tiny" / restore.MARKER).is_file()  # left as it was
+    said = " ".join(got.warnings)
+    assert f"{base} holds warmer roots (tiny)" in said and f"--root {base}/RECIPE" in said, said
+    assert "remove them" not in said
+
+
 def test_a_root_of_cache_directories_alone_is_warmers_even_without_its_mark(published, tmp_path):
     """A root that lost .warmer-root (a cleaner of old files) but holds nothing but the caches warmer
     points vLLM at is still restored into, not left cold for good."""

@@ -449,7 +449,9 @@ class OCIStore(Store):
 
     def _foreign_fix(self, tag: str) -> str:
         return (
-            f"remove the tag with the registry's own tools (`skopeo delete docker://{self.host}/{self.repo}:{tag}`, "
+            "remove the tag with the registry's own tools (`skopeo delete "
+            f"{'--tls-verify=false ' if self.base.startswith('http://') else ''}"
+            f"docker://{self.host}/{self.repo}:{tag}`, "
             "or its UI), or keep warmer's artifacts in a repository of their own"
         )
 
