@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tests.conftest import run_warmer, tiny_recipe, write_tiny_recipe
-from warmer import api, build, catalog
+from warmer import api, build, catalog, fetch
 from warmer.cli import inspect as cli_inspect
 from warmer.cli import ls as cli_ls
 from warmer.entry import IndexEntry
@@ -202,6 +202,32 @@ def test_rm_names_an_entry_published_while_it_ran_that_lost_a_layer_to_it(two, t
     assert "publish that artifact file again" in said.err
     monkeypatch.undo()
     assert build.publish(store, third).status == "mended" and doomed in blobs_in(store)
+
+
+def test_publish_says_what_went_up_and_fails_on_an_entry_it_cannot_mend(packed, tmp_path):
+    """The text of a layered publish named the whole file's blob (never uploaded, not in the store)
+    and hid the layers; another build of a key whose entry lost a blob said already-published, exit
+    0, and every node on the key went on missing. It fails, naming the blob and the fix, which works."""
+    from warmer.cli.build import publish_line
+
+    a, b = packed("a"), packed("b", extra={"inductor/other.bin": b"another build"})
+    assert a.artifact.key == b.artifact.key
+    store = open_store(f"file://{tmp_path / 'store'}")
+    first = run_warmer("publish", a.path, "--store", store.url, "--layers")
+    assert first.returncode == 0 and "layers: " in first.stdout and "vllm uploaded" in first.stdout, first.stdout
+    done = build.publish(open_store(f"file://{tmp_path / 'other'}"), a.path, layers=True)
+    assert publish_line(done).startswith(f"publish: published to file://{tmp_path / 'other'} (3 of 3 layer(s) uploaded")
+
+    lost = layer(a.artifact, "inductor").sha256  # b holds other inductor bytes: it cannot mend that one
+    store.delete_blob(lost)
+    url = f"{store.url}/index/tiny/{a.artifact.key}"
+    refused = run_warmer("publish", b.path, "--store", store.url)
+    assert refused.returncode == 1, refused.stderr
+    assert f"names 1 blob(s) the store lacks and this file does not hold ({lost[:12]})" in refused.stderr
+    assert f"`warmer rm {url} --yes` and publish this one" in refused.stderr
+    assert run_warmer("rm", url, "--yes").returncode == 0
+    assert run_warmer("publish", b.path, "--store", store.url).returncode == 0
+    assert fetch.fetch(tiny_recipe(), store, tmp_path / "root").hit
 
 
 def test_rm_keeps_the_layers_another_entry_names(two):

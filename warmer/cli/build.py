@@ -75,6 +75,12 @@ def uncovered(files: tuple[dict, ...]) -> list[str]:
 
 
 def publish_line(p: PublishResult) -> str:
+    if p.layers is not None:  # a layered entry names its layers, not the whole file's blob
+        sent = sum(p.layers.values())
+        return (
+            f"publish: {p.status} to {p.store} ({sent} of {len(p.layers)} layer(s) uploaded, "
+            f"{megabytes(p.bytes_uploaded or 0)}; the others already there)"
+        )
     return (
         f"publish: {p.status} to {p.store} (blob {p.blob[:16]}, {'uploaded' if p.blob_uploaded else 'already there'})"
     )
