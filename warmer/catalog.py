@@ -298,6 +298,9 @@ def rm(url: str, *, yes: bool, **store_options) -> Removal:
     """Delete one index entry (readable or not) and each blob it names that no other entry names
     (a layer another entry shares stays); the store keeps an audit record of who removed what."""
     store, recipe, key = resolve(url, **store_options)
+    refusal = store.refuses_delete(recipe, key)
+    if refusal is not None:  # a dry run must not promise what --yes refuses
+        raise StoreError(refusal)
     entry: IndexEntry | None
     try:
         raw = store.get_index(recipe, key)
@@ -319,25 +322,49 @@ def rm(url: str, *, yes: bool, **store_options) -> Removal:
     )
     removal = Removal(store.url, recipe, key, blob, blob is not None and blob in doomed, not yes, layers, doomed)
     if yes:
-        now = datetime.now(UTC)
-        record = {
-            "action": "rm",
-            "recipe": recipe,
-            "key": key,
-            "blob": blob,
-            "blob_deleted": removal.blob_deleted,
-            "blobs": list(removal.blobs),
-            "blobs_deleted": list(doomed),
-            "by": user_name(),  # a uid without a passwd entry too (no KeyError)
-            "at": now.isoformat(timespec="seconds"),
-            "warmer": __version__,
-        }
-        store.write_audit(f"{now.strftime('%Y%m%dT%H%M%SZ')}-rm-{recipe}-{key[:16]}", json.dumps(record).encode())
-        store.delete_index(recipe, key)
-        for sha in doomed:
-            store.delete_blob(sha)
+        store.delete_index(recipe, key)  # refused or failed: nothing removed, nothing recorded
+        deleted: list[str] = []
+        try:
+            for sha in doomed:
+                store.delete_blob(sha)
+                deleted.append(sha)
+        except (StoreError, OSError) as e:  # the entry is gone, some of its blobs not: the record says which
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            _audit(store, recipe, key, blob, removal.blobs, deleted, f"stopped: {why}")
+            raise StoreError(
+                f"removed {store.url}/index/{recipe}/{key}, then stopped after {len(deleted)} of its "
+                f"{len(doomed)} blob(s) to delete ({why}); `warmer gc` deletes the rest once no entry names them"
+            ) from e
+        _audit(store, recipe, key, blob, removal.blobs, deleted)
         removal = replace(removal, raced=_published_meanwhile(store, {*listed, (recipe, key)}, set(doomed)))
     return removal
+
+
+def _audit(
+    store: Store,
+    recipe: str,
+    key: str,
+    blob: str | None,
+    blobs: tuple[str, ...],
+    deleted: list[str],
+    error: str | None = None,
+) -> None:
+    """The store's record of an rm, written once the entry is gone: what it deleted, not what it meant to."""
+    now = datetime.now(UTC)
+    record = {
+        "action": "rm",
+        "recipe": recipe,
+        "key": key,
+        "blob": blob,
+        "blob_deleted": blob is not None and blob in deleted,
+        "blobs": list(blobs),
+        "blobs_deleted": deleted,
+        "by": user_name(),  # a uid without a passwd entry too (no KeyError)
+        "at": now.isoformat(timespec="seconds"),
+        "warmer": __version__,
+        **({"error": error} if error else {}),
+    }
+    store.write_audit(f"{now.strftime('%Y%m%dT%H%M%SZ')}-rm-{recipe}-{key[:16]}", json.dumps(record).encode())
 
 
 @dataclass(frozen=True)

@@ -301,8 +301,12 @@ def test_a_tag_someone_else_pushed_at_an_entrys_name_is_not_said_removed(oci_reg
     fetched = run_warmer("fetch", recipe, "--store", url, "--root", tmp_path / "root")
     # plain HTTP on loopback, as warmer reached it: skopeo must be told so
     assert f"skopeo delete --tls-verify=false docker://{oci_registry.host}/{repo}:{tag}" in fetched.stderr, fetched.stderr
+    dry = run_warmer("rm", f"{url}/index/tiny/{key}")  # a dry run must not promise it either
+    assert dry.returncode == 1 and "holds no warmer artifact" in dry.stderr, dry.stderr
     rm = run_warmer("rm", f"{url}/index/tiny/{key}", "--yes")
     assert rm.returncode == 1 and "holds no warmer artifact" in rm.stderr and "skopeo delete" in rm.stderr, rm.stderr
+    tags = json.loads(http("GET", f"{base}/tags/list")[2])["tags"]
+    assert not [t for t in tags if t.startswith("_audit.")], tags  # nothing removed: nothing recorded
     command = re.search(r"`(skopeo delete [^`]+)`", rm.stderr)[1]
     if shutil.which("skopeo"):  # as printed
         assert subprocess.run(command.split(), capture_output=True, text=True, timeout=60).returncode == 0

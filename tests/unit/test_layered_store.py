@@ -16,7 +16,7 @@ from warmer import api, build, catalog, fetch
 from warmer.cli import inspect as cli_inspect
 from warmer.cli import ls as cli_ls
 from warmer.entry import IndexEntry
-from warmer.store import open_store
+from warmer.store import StoreError, open_store
 
 VLLM_FILE = "vllm/modelinfos/vllm-model_executor-models-llama-LlamaForCausalLM.json"
 
@@ -184,13 +184,13 @@ def test_rm_names_an_entry_published_while_it_ran_that_lost_a_layer_to_it(two, t
     art_c = build.pack_root(tmp_path / "src-b", tiny_recipe(max_model_len=512), third, fp=art_b.fingerprint)
     assert layer(art_c, "vllm").sha256 == doomed
     published = []
-    write_audit = FileStore.write_audit
+    delete_index = FileStore.delete_index
 
-    def publish_meanwhile(self, name, record):  # rm's last step before its deletes
+    def publish_meanwhile(self, recipe, key):  # rm's first delete: it has read every other entry
         published.append(build.publish(open_store(store.url), third, layers=True))
-        return write_audit(self, name, record)
+        return delete_index(self, recipe, key)
 
-    monkeypatch.setattr(FileStore, "write_audit", publish_meanwhile)
+    monkeypatch.setattr(FileStore, "delete_index", publish_meanwhile)
     code = cli.main(["rm", f"{store.url}/index/tiny/{art_b.key}", "--yes", "--json"])
     said = capsys.readouterr()
     [pub] = published
@@ -228,6 +228,23 @@ def test_publish_says_what_went_up_and_fails_on_an_entry_it_cannot_mend(packed, 
     assert run_warmer("rm", url, "--yes").returncode == 0
     assert run_warmer("publish", b.path, "--store", store.url).returncode == 0
     assert fetch.fetch(tiny_recipe(), store, tmp_path / "root").hit
+
+
+def test_rm_that_stops_partway_records_what_it_deleted_not_what_it_meant_to(two, monkeypatch):
+    """The audit record was written before the deletes, listing every blob as deleted: a store that
+    refused one (a read-only directory, a missing s3:DeleteObject) left a record of a removal that
+    did not happen. The refusal is stood in for by the file store's delete raising as the OS does."""
+    from warmer.store.file import FileStore
+
+    store, art_a, art_b, _, _, _ = two
+    doomed = layer(art_b, "vllm").sha256
+    monkeypatch.setattr(FileStore, "delete_blob", lambda self, sha: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied", f"{sha}.tar.zst")))
+    with pytest.raises(StoreError, match=r"removed .*, then stopped after 0 of its 1 blob\(s\) to delete"):
+        catalog.rm(f"{store.url}/index/tiny/{art_b.key}", yes=True)
+    [record] = [json.loads(p.read_text()) for p in (store.base / "audit").iterdir()]
+    assert record["blobs_deleted"] == [] and "Permission denied" in record["error"]
+    assert doomed in blobs_in(store) and ("tiny", art_b.key) not in store.list_index()
 
 
 def test_rm_keeps_the_layers_another_entry_names(two):

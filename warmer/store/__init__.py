@@ -187,6 +187,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete_blob(self, sha256: str) -> None: ...
 
+    def refuses_delete(self, recipe: str, key: str) -> str | None:
+        """Why delete_index would refuse this entry (a registry tag that holds another tool's image,
+        or whose manifest another tag names), asked before rm says or does anything; None: it would not."""
+        return None
+
     def pinned_by(self, recipe: str, key: str) -> str | None:
         """A name outside warmer's own that deleting the entry would delete too (a registry tag
         someone added to its manifest); gc keeps such an entry. None where a store has no such names."""

@@ -536,28 +536,39 @@ class OCIStore(Store):
         others = [t for t in registry.tags() if t != tag and not INDEX_TAG.match(t) and not t.startswith(AUDIT_PREFIX)]
         return next((other for other in others if registry.tag_digest(other) == digest), None)
 
-    def delete_index(self, recipe: str, key: str) -> None:
-        registry = self.registry
+    def refuses_delete(self, recipe: str, key: str) -> str | None:
+        got = self.registry.get_manifest(index_tag(recipe, key))
+        return None if got is None else self._refusal(recipe, key, *got)
+
+    def _refusal(self, recipe: str, key: str, digest: str, manifest: dict) -> str | None:
         tag = index_tag(recipe, key)
-        got = registry.get_manifest(tag)
-        if got is None:
-            return
-        digest, manifest = got
         ann = manifest.get("annotations") or {}
-        if ann.get(ANN_KEY) != key:
-            if ann.get(ANN_RECIPE) == recipe and HEX64.match(str(ann.get(ANN_KEY))):
-                return  # another key's artifact, sharing the tag's 16 hex digits: this key has none
-            raise StoreError(  # rm must not say removed: publish and fetch still stop at this tag
+        if ann.get(ANN_KEY) != key and not (ann.get(ANN_RECIPE) == recipe and HEX64.match(str(ann.get(ANN_KEY)))):
+            return (  # rm must not say removed: publish and fetch still stop at this tag
                 f"tag {tag} in {self.host}/{self.repo} holds no warmer artifact, and warmer deletes only what it "
                 f"wrote: {self._foreign_fix(tag)}"
             )
-        other = self._other_tag(tag, digest)
+        other = self._other_tag(tag, digest) if ann.get(ANN_KEY) == key else None
         if other is not None:
-            raise StoreError(
+            return (
                 f"manifest {digest} of {recipe}/{key[:16]} is also tagged {other} in "
                 f"{self.host}/{self.repo}: deleting it would delete that tag too; remove the tag "
                 "first, or keep the artifact"
             )
+        return None
+
+    def delete_index(self, recipe: str, key: str) -> None:
+        registry = self.registry
+        got = registry.get_manifest(index_tag(recipe, key))
+        if got is None:
+            return
+        digest, manifest = got
+        refusal = self._refusal(recipe, key, digest, manifest)
+        if refusal is not None:
+            raise StoreError(refusal)
+        ann = manifest.get("annotations") or {}
+        if ann.get(ANN_KEY) != key:
+            return  # another key's artifact, sharing the tag's 16 hex digits: this key has none
         resp = registry.request("DELETE", registry.manifest_url(digest), what=f"{recipe}/{key[:16]}", action="delete")
         resp.close()
         if resp.status_code not in (200, 202, 204, 404):
