@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
@@ -449,8 +450,10 @@ def gc(
     kept = [e for e in entries if (e.recipe, e.key) not in dropped]
 
     if not dry_run:
-        for recipe, key in sorted(dropped):
-            store.delete_index(recipe, key)
+        with _stopped("index entries", len(dropped)) as gone:
+            for recipe, key in sorted(dropped):
+                store.delete_index(recipe, key)
+                gone.append(key)
     # A blob (a layer shared by many entries included) stays while any entry left names it.
     referenced = named_blobs(kept)
     named_before = named_blobs(entries)
@@ -470,8 +473,10 @@ def gc(
     scraps = [x for x in store.list_scraps() if now - x.modified > ORPHAN_GRACE]  # younger: maybe still written
     raced: tuple[tuple[str, str, str], ...] = ()
     if not dry_run:
-        for b in blobs:
-            store.delete_blob(b.sha256)
+        with _stopped("blobs", len(blobs), f"its {len(dropped)} index entries are deleted") as gone:
+            for b in blobs:
+                store.delete_blob(b.sha256)
+                gone.append(b.sha256)
         for x in scraps:
             store.delete_scrap(x)
         raced = _published_meanwhile(store, {*known, *((e.recipe, e.key) for e in late)}, {b.sha256 for b in blobs})
@@ -492,6 +497,22 @@ def gc(
         tuple((Row.of(e, counts), by) for e, by in pins),
         raced,
     )
+
+
+@contextmanager
+def _stopped(what: str, total: int, before: str = "") -> Iterator[list[str]]:
+    """A delete the store refused partway (a read-only directory, a missing permission): said with
+    how far gc got, not as the bare error (the next run called what it left orphans in flight)."""
+    gone: list[str] = []
+    try:
+        yield gone
+    except (StoreError, OSError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        done = f"{before}; " if before else ""
+        raise StoreError(
+            f"gc stopped ({why}): {done}{len(gone)} of {total} {what} deleted; fix that and run gc again, "
+            "it deletes what is left"
+        ) from e
 
 
 def _published_meanwhile(

@@ -247,6 +247,19 @@ def test_rm_that_stops_partway_records_what_it_deleted_not_what_it_meant_to(two,
     assert doomed in blobs_in(store) and ("tiny", art_b.key) not in store.list_index()
 
 
+def test_gc_that_stops_partway_says_how_far_it_got(two, monkeypatch):
+    """A blob delete refused (stood in for by the file store's delete raising as the OS does) was a
+    bare `Permission denied`, the entries already deleted unsaid."""
+    from warmer.store.file import FileStore
+
+    store, *_ = two
+    monkeypatch.setattr(FileStore, "delete_blob", lambda self, sha: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied", f"{sha}.tar.zst")))
+    with pytest.raises(StoreError, match=r"gc stopped \(Permission denied\): its 1 index entries are deleted; "
+                                         r"0 of 1 blobs deleted; fix that and run gc again"):
+        catalog.gc(store, 1)
+
+
 def test_rm_keeps_the_layers_another_entry_names(two):
     store, art_a, art_b, _, _, path_b = two
     url = f"{store.url}/index/tiny/{art_b.key}"
