@@ -511,7 +511,7 @@ def _stopped(what: str, total: int, before: str = "") -> Iterator[list[str]]:
         done = f"{before}; " if before else ""
         raise StoreError(
             f"gc stopped ({why}): {done}{len(gone)} of {total} {what} deleted; fix that and run gc again, "
-            "it deletes what is left"
+            f"it deletes what is left (a blob no entry names once {ORPHAN_GRACE.total_seconds() / 3600:.0f} h old)"
         ) from e
 
 
