@@ -792,6 +792,7 @@ class RestoreResult:
     # Layers taken from this node (another root, the shared FlashInfer workspace), not downloaded.
     reused: tuple[str, ...] | None = None
     replaced_recipe: str | None = None  # the other recipe whose artifact the root held: one root, two models
+    warnings: tuple[str, ...] | None = None  # restore FILE: what the serving user will meet there
 
     def to_json(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items() if v is not None}
@@ -1420,10 +1421,15 @@ def restore_file(
     # vLLM to a cold directory of its own when one is missing: a baked image would start cold.
     problem = prepare(root, owner)
     if problem is not None:  # an image that ships so starts cold on every pod: said at its build
-        uid = owner[0] if owner else os.geteuid()
-        raise RestoreError(
-            f"{root} is restored, but not writable by uid {uid}, the user vLLM runs as: {problem}; vLLM would "
-            f"crash on its lock files there (`warmer serve` starts it cold instead). "
-            f"{ownership_fix(root, owner or (uid, os.getegid()))}"
+        who = owner or (os.geteuid(), os.getegid())
+        # a warning, not a failure: the modes are all this judges by, and the serving process may have
+        # more (a capability, a group the pod's spec gives it that no file here lists)
+        result = dataclasses.replace(
+            result,
+            warnings=(
+                f"{root} is restored, but by its modes uid {who[0]}, the user vLLM runs as, cannot write it: "
+                f"{problem}; vLLM would crash on its lock files there (`warmer serve` starts it cold instead). "
+                f"{ownership_fix(root, who)}",
+            ),
         )
     return result

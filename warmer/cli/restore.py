@@ -54,6 +54,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         owner=args.owner,
         progress=out.progress,
     )
+    out.warn(result.warnings or ())
     if args.recipe or args.env_file:
         # Without --recipe, the artifact's own (artifact.json records it): an image build needs no recipe file.
         write_env(args, api.serving_env(args.recipe, args.root, offline=args.offline))
