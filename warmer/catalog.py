@@ -324,21 +324,33 @@ def rm(url: str, *, yes: bool, **store_options) -> Removal:
     removal = Removal(store.url, recipe, key, blob, blob is not None and blob in doomed, not yes, layers, doomed)
     if yes:
         store.delete_index(recipe, key)  # refused or failed: nothing removed, nothing recorded
+        # From here the entry is gone: however rm ends, the record and its words say what it removed.
         deleted: list[str] = []
+        stopped: BaseException | None = None
         try:
             for sha in doomed:
                 store.delete_blob(sha)
                 deleted.append(sha)
-        except (StoreError, OSError) as e:  # the entry is gone, some of its blobs not: the record says which
-            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            _audit(store, recipe, key, blob, removal.blobs, deleted, f"stopped: {why}")
+        except BaseException as e:  # a refused delete, an interrupt: recorded, then raised
+            stopped = e
+        removed = f"removed {store.url}/index/{recipe}/{key} and {len(deleted)} of its {len(doomed)} blob(s) to delete"
+        try:
+            _audit(store, recipe, key, blob, removal.blobs, deleted, _why(stopped) if stopped else None)
+        except Exception as e:
+            raise StoreError(f"{removed}, but the audit record could not be written ({_why(e)})") from (stopped or e)
+        if isinstance(stopped, (StoreError, OSError)):
             raise StoreError(
-                f"removed {store.url}/index/{recipe}/{key}, then stopped after {len(deleted)} of its "
-                f"{len(doomed)} blob(s) to delete ({why}); `warmer gc` deletes the rest once no entry names them"
-            ) from e
-        _audit(store, recipe, key, blob, removal.blobs, deleted)
+                f"{removed}, then stopped ({_why(stopped)}); `warmer gc` deletes the rest once no entry names "
+                f"them ({ORPHAN_GRACE.total_seconds() / 3600:.0f} h old)"
+            ) from stopped
+        if stopped is not None:
+            raise stopped
         removal = replace(removal, raced=_published_meanwhile(store, {*listed, (recipe, key)}, set(doomed)))
     return removal
+
+
+def _why(e: BaseException) -> str:
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
 
 
 def _audit(
@@ -507,7 +519,7 @@ def _stopped(what: str, total: int, before: str = "") -> Iterator[list[str]]:
     try:
         yield gone
     except (StoreError, OSError) as e:
-        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        why = _why(e)
         done = f"{before}; " if before else ""
         raise StoreError(
             f"gc stopped ({why}): {done}{len(gone)} of {total} {what} deleted; fix that and run gc again, "

@@ -240,11 +240,20 @@ def test_rm_that_stops_partway_records_what_it_deleted_not_what_it_meant_to(two,
     doomed = layer(art_b, "vllm").sha256
     monkeypatch.setattr(FileStore, "delete_blob", lambda self, sha: (_ for _ in ()).throw(
         PermissionError(13, "Permission denied", f"{sha}.tar.zst")))
-    with pytest.raises(StoreError, match=r"removed .*, then stopped after 0 of its 1 blob\(s\) to delete"):
+    with pytest.raises(StoreError, match=r"removed .* and 0 of its 1 blob\(s\) to delete, then stopped "
+                                         r"\(Permission denied\)"):
         catalog.rm(f"{store.url}/index/tiny/{art_b.key}", yes=True)
     [record] = [json.loads(p.read_text()) for p in (store.base / "audit").iterdir()]
     assert record["blobs_deleted"] == [] and "Permission denied" in record["error"]
     assert doomed in blobs_in(store) and ("tiny", art_b.key) not in store.list_index()
+
+    # the record itself refused, after the deletes: rm says what it removed, not only the record's error
+    monkeypatch.undo()
+    monkeypatch.setattr(FileStore, "write_audit", lambda self, name, record: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied", name)))
+    with pytest.raises(StoreError, match=r"removed .* and 3 of its 3 blob\(s\) to delete, but the audit record "
+                                         r"could not be written \(Permission denied\)"):
+        catalog.rm(f"{store.url}/index/tiny/{art_a.key}", yes=True)
 
 
 def test_gc_that_stops_partway_says_how_far_it_got(two, monkeypatch):
