@@ -703,6 +703,24 @@ def ownership_fix(root: Path, owner: tuple[int, int]) -> str:
     )
 
 
+def _roots_inside(root: Path) -> str | None:
+    """Why root is no root: it holds warmer roots (--root /cache for --root /cache/RECIPE), which a
+    restore there would replace, every recipe's warmed cache; None when it holds none."""
+    try:
+        names = sorted(p.name for p in root.iterdir() if (p / MARKER).is_file() or (p / PREPARED).is_file())
+    except OSError:  # absent, or no directory: the checks after this one say so
+        return None
+    if not names:
+        return None
+    if names == [root.name]:  # ROOT/ROOT: a restore once given the root's own path twice
+        return f"{root} holds a warmer root of its own name, {root / root.name}: remove that one, then restore again"
+    shown = ", ".join(names[:3]) + (", …" if len(names) > 3 else "")
+    return (
+        f"{root} holds warmer roots ({shown}): it is a directory of roots, not a root (not even with "
+        f"--force): pass --root {root}/RECIPE (fetch: or --all with --root-base {root})"
+    )
+
+
 def _replaceable(root: Path) -> str | None:
     """Why root may not be replaced without force: None when it is absent, empty, or warmer's."""
     if not root.exists():
@@ -713,12 +731,6 @@ def _replaceable(root: Path) -> str | None:
     names = {p.name for p in root.iterdir()}
     if names <= {c.subdir.split("/")[0] for c in components.ALL}:
         return None
-    roots = sorted(n for n in names if (root / n / MARKER).is_file() or (root / n / PREPARED).is_file())
-    if roots:  # --root /cache for --root /cache/RECIPE: what is there is every recipe's warmed cache
-        return (
-            f"{root} holds warmer roots ({', '.join(roots[:3])}{', …' if len(roots) > 3 else ''}): it is a "
-            f"directory of roots, not a root: pass --root {root}/RECIPE, or --all with --root-base {root}"
-        )
     return (
         f"{root} holds files warmer did not put there (no {MARKER} or {PREPARED}): a restore would replace "
         "them: remove them, or choose another root (`warmer restore` replaces them with --force)"
@@ -868,7 +880,8 @@ def restore(
                     "To leave the active build on purpose, `warmer rm` the slot's entry and build again: "
                     "`warmer build` signs a newer artifact of this key, which nodes take"
                 )
-            why = None if force or marker else _replaceable(root)
+            # --force replaces foreign files, never a directory of other roots (every recipe's cache)
+            why = None if marker else _roots_inside(root) or (None if force else _replaceable(root))
             if why:
                 raise not_activated(root, why)
             other = marker.artifact.recipe.name if marker and marker.artifact.recipe.name != art.recipe.name else None
@@ -1037,7 +1050,7 @@ def activate(
     uid = owner[0] if owner else os.geteuid()
     cold = cold_root(recipe, uid)
     try:
-        foreign = _replaceable(root)
+        foreign = _roots_inside(root) or _replaceable(root)
     except OSError:  # a root this user cannot look into, or a file: prepare below says why
         foreign = None
     if foreign is not None:  # marked as warmer's (prepare), the next fetch would replace what it holds

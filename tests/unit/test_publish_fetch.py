@@ -136,6 +136,15 @@ def test_a_directory_of_roots_given_as_the_root_is_named_so_not_to_be_removed(pu
     said = " ".join(got.warnings)
     assert f"{base} holds warmer roots (tiny)" in said and f"--root {base}/RECIPE" in said, said
     assert "remove them" not in said
+    # nor does --force, given for another reason (an artifact of another recipe), replace them
+    with pytest.raises(restore.RestoreError, match="a directory of roots, not a root \\(not even with --force\\)"):
+        restore.restore_file(published["artifact"], base, force=True)
+    assert (base / "tiny" / restore.MARKER).is_file()
+    # a root once restored into ROOT/ROOT (given its own path twice) is said as that
+    mistaken = tmp_path / "rr" / "tiny"
+    restore.restore_file(published["artifact"], mistaken / "tiny")
+    with pytest.raises(restore.RestoreError, match=f"holds a warmer root of its own name, {mistaken / 'tiny'}"):
+        restore.restore_file(published["artifact"], mistaken)
 
 
 def test_a_root_of_cache_directories_alone_is_warmers_even_without_its_mark(published, tmp_path):
