@@ -248,6 +248,16 @@ def _stopped_within_two_seconds(proc: subprocess.Popen, proxy, rule, requests: i
     assert took < 2.0, f"exited {took:.2f} s after SIGTERM"
 
 
+def test_sigterm_stops_rm_within_two_seconds_though_botocore_wraps_it(tmp_path, s3_url, proxy, packed):
+    """SIGTERM during an S3 request of rm or gc (a CronJob's deadline) was wrapped by botocore as a
+    connection error and retried: rm went on and said removed, and only SIGKILL stopped a gc."""
+    entry = build.publish(open_store(s3_url), packed("a").path)
+    rule = proxy.inject("stall", lambda r: r.method == "DELETE", times=None)
+    proc = subprocess.Popen([sys.executable, "-m", "warmer", "rm", f"{s3_url}/index/tiny/{entry.key}", "--yes",
+                             "--endpoint-url", proxy.url], stderr=subprocess.PIPE, text=True, cwd=REPO)
+    _stopped_within_two_seconds(proc, proxy, rule, requests=1)
+
+
 def test_sigterm_stops_fetch_all_within_two_seconds(tmp_path, s3_url, proxy, packed):
     """The prefetch DaemonSet's fetch --all: the fetches under way are cancelled, each root kept."""
     import tomllib

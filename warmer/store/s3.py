@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from warmer.deadline import Deadline, unbounded
-from warmer.errors import UsageError
+from warmer.errors import Terminated, UsageError
 from warmer.store import (
     Blob,
     BlobMissing,
@@ -150,6 +150,10 @@ class _Retries:
         and the other needs-retry handlers answer. One of them is botocore's region redirect: a
         bucket in another region than the client's is answered 301 (or 400), and the request goes
         again, signed for the bucket's region (x-amz-bucket-region)."""
+        caught = kwargs.get("caught_exception")
+        for e in (caught, getattr(caught, "kwargs", {}).get("error")):
+            if isinstance(e, Terminated):  # SIGTERM mid-request, which botocore wraps as a connection error
+                raise e
         context = self._adapter.create_retry_context(**kwargs)
         if not self._conditions.is_retryable(context):
             return None
