@@ -258,6 +258,18 @@ def test_sigterm_stops_rm_within_two_seconds_though_botocore_wraps_it(tmp_path, 
     _stopped_within_two_seconds(proc, proxy, rule, requests=1)
 
 
+def test_sigterm_while_an_oci_entry_trickles_in_stops_rm(tmp_path, oci_registry, oci_proxy, oci_env, packed):
+    """The registry client read an entry's config again when its read raised anything: SIGTERM too
+    (rm reads the entry in its own thread, where the signal lands)."""
+    repo = oci_registry.repo()
+    entry = build.publish(open_store(oci_registry.url(repo)), packed("a").path)
+    rule = oci_proxy.inject("trickle", lambda r: r.method == "GET" and "/blobs/" in r.path, times=None)
+    url = f"oci://127.0.0.1:{oci_proxy.url.rsplit(':', 1)[1]}/{repo}"
+    proc = subprocess.Popen([sys.executable, "-m", "warmer", "rm", f"{url}/index/tiny/{entry.key}"],
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    _stopped_within_two_seconds(proc, oci_proxy, rule, requests=1)
+
+
 def test_sigterm_stops_fetch_all_within_two_seconds(tmp_path, s3_url, proxy, packed):
     """The prefetch DaemonSet's fetch --all: the fetches under way are cancelled, each root kept."""
     import tomllib

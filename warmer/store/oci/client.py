@@ -16,7 +16,7 @@ import time
 import urllib.parse
 
 from warmer.deadline import Deadline, unbounded
-from warmer.errors import StoreError, UsageError
+from warmer.errors import StoreError, Terminated, UsageError
 from warmer.store.oci.auth import DOCKER_HUB, Auth, challenge, is_loopback, login_hint
 from warmer.store.stream import Cut
 
@@ -230,6 +230,8 @@ class Registry:
                     return resp, None
                 try:
                     body = resp.raw.read(limit + 1, decode_content=True)
+                except Terminated:  # SIGTERM mid-read: stop, not a body to read again
+                    raise
                 except Exception:
                     body = None
             if body is not None and (check is None or check(body)):
