@@ -614,10 +614,9 @@ def unwritable(
                 return f"{d} is on a read-only filesystem"
             return f"{d} is owned by {st.st_uid}:{st.st_gid} with mode {stat.filemode(st.st_mode)}"
     if other is not None:  # and the way there: each directory above, searched (the kernel checks it too)
-        for p in sorted({p for d in dirs for p in d.parents}.difference(dirs)):
-            st = os.stat(p)
-            if not _may(other, st, 0o1):
-                return _no_way_through(p, st, other[0])
+        for d in dirs:
+            if (p := blocked_above(d, other)) is not None:
+                return _no_way_through(p, os.stat(p), other[0])
     return None
 
 
