@@ -54,11 +54,7 @@ class JitWorkspace(Component):
         """Through the link to a shared workspace (warmer/workspace.py), its real path: FlashInfer
         writes the base as given into build.ninja, and ninja rebuilds for any other spelling."""
         here = root / self.subdir
-        try:
-            linked = here.is_symlink()
-        except OSError:  # a root this user cannot enter: the root's own checks say so, the env is as named
-            linked = False
-        if not linked:
+        if not os.path.islink(here):  # os.path's: False in a root this user cannot enter (its checks say so)
             return super().env_under(root)
         real = Path(os.path.realpath(here))
         return {var: str(real / Path(rel).relative_to(self.subdir)) for var, rel in self.env}
